@@ -1,0 +1,91 @@
+"""The backend contract (DESIGN §3): ``generate(requests) -> completions``, batched by design.
+
+A completion carries the text, the sampled token ids, their log-probabilities under the sampling
+distribution (the behaviour log-probs phase 2 needs), the finish reason and the token usage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "error", "tool"]
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """Sampling parameters; every knob declared. ``temperature == 0`` means greedy."""
+
+    max_tokens: int = 64  # new tokens at most
+    temperature: float = 0.0  # 0 = greedy decoding
+    top_p: float = 1.0  # nucleus sampling mass (ignored when greedy)
+    stop: tuple[str, ...] = ()  # stop strings; the stop string itself is not part of the text
+    seed: int = 0  # sampling seed (per request; makes temperature>0 runs repeat on CPU)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": list(self.stop),
+            "seed": self.seed,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One chat to complete. ``context`` carries non-text inputs (a tool needs the task)."""
+
+    messages: tuple[ChatMessage, ...]
+    params: GenerationParams = field(default_factory=GenerationParams)
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    token_ids: tuple[int, ...]  # sampled ids, exactly as generated (never re-tokenised text)
+    logprobs: tuple[float, ...]  # log p(token_id | context) under the sampling distribution
+    finish_reason: FinishReason
+    usage: Usage
+    model_id: str
+    cached: bool = False  # served from the response cache
+    metadata: Mapping[str, Any] = field(default_factory=dict)  # e.g. a tool's verdict
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Something that completes chats. ``model_id`` names the model in trajectories and cache keys."""
+
+    model_id: str
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Complete every request; output order = input order. Batches where it can."""
+        ...
+
+
+class BackendError(RuntimeError):
+    """A backend could not serve a request (bad model path, server unreachable, bad reply)."""
+
+
+def messages_from_dicts(items: Sequence[Mapping[str, str]]) -> tuple[ChatMessage, ...]:
+    out = []
+    for i, m in enumerate(items):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("system", "user", "assistant") or not isinstance(content, str):
+            raise ValueError(f"message {i}: expected role in system/user/assistant and a string content, got {m!r}")
+        out.append(ChatMessage(role=role, content=content))
+    return tuple(out)
