@@ -1,0 +1,294 @@
+"""TeamEnv: a PettingZoo AEC env where a conductor schedules workers on a shared transcript.
+
+Agents are ``["conductor", *workers]``. The conductor acts first and after every worker turn. Its
+action is ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits
+the current candidate answer; its observation is ``{"observation": float32 vector, "action_mask": int8}``
+(layout in ``envs.observation``). A worker's observation is the chat it may see (role prompt + the
+visible part of the transcript + the conductor's instruction), as ``{"chat": [...]}``, and its action is its message text —
+the env holds no LLM (DESIGN §2): the rollout engine generates the text and passes it in.
+
+Ends: submitting → ``terminations`` (the verifier scores the candidate); spending the turn budget →
+``truncations`` (nothing is submitted). Rewards are a named vector per step (``envs.config``), scalarised
+by the team's weights; every agent receives the scalar (the team is cooperative) and the named vector
+is in ``infos[agent]["reward_vector"]`` and ``env.step_reward_vector``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import AECEnv
+from pettingzoo.utils import AgentSelector
+
+from envs.config import REWARD_COMPONENTS, TeamEnvConfig, WorkerSpec
+from envs.observation import ObservationEncoder, derive_flags
+from envs.spaces import ChatSpace, MessageSpace
+from envs.tasks.base import Split, Task, TaskFamily, Verdict
+
+CONDUCTOR = "conductor"
+
+
+class IllegalActionError(ValueError):
+    """The conductor chose an action its mask forbids (or a worker acted out of turn)."""
+
+
+class TeamEnv(AECEnv):
+    metadata = {"name": "orchestra_team_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
+
+    def __init__(
+        self,
+        config: TeamEnvConfig,
+        family: TaskFamily,
+        *,
+        split: Split = "train",
+        tasks: Sequence[Task] | None = None,
+        difficulty: int | None = None,
+        render_mode: str | None = None,
+        encoder: ObservationEncoder | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.family = family
+        self.split = split
+        self.difficulty = difficulty
+        self._task_pool = list(tasks) if tasks is not None else None
+        self.render_mode = render_mode
+        self.encoder = encoder if encoder is not None else ObservationEncoder(config)
+        self.possible_agents = [CONDUCTOR, *config.worker_names]
+        self._workers: dict[str, WorkerSpec] = {w.name: w for w in config.workers}
+        n_obs = self.encoder.size
+        self._conductor_obs_space = spaces.Dict(
+            {
+                "observation": spaces.Box(-np.inf, np.inf, shape=(n_obs,), dtype=np.float32),
+                "action_mask": spaces.Box(0, 1, shape=(config.num_actions,), dtype=np.int8),
+            }
+        )
+        self._conductor_act_space = spaces.Discrete(config.num_actions)
+        # a Dict so that PettingZoo's dtype checks (which read only the "observation" key) pass
+        self._worker_obs_space = spaces.Dict({"chat": ChatSpace()})
+        self._worker_act_space = MessageSpace()
+        self.task: Task | None = None
+        self.transcript: list[dict[str, Any]] = []
+        self.turn = 0
+        self.pending: tuple[str, str] | None = None  # (worker, instruction) awaiting a message
+        self.final_verdict: Verdict | None = None
+        self.step_reward_vector: dict[str, float] = dict.fromkeys(REWARD_COMPONENTS, 0.0)
+        self._obs_cache: np.ndarray | None = None
+
+    # -- spaces -----------------------------------------------------------------------------------
+    def observation_space(self, agent: str) -> spaces.Space[Any]:
+        return self._conductor_obs_space if agent == CONDUCTOR else self._worker_obs_space
+
+    def action_space(self, agent: str) -> spaces.Space[Any]:
+        return self._conductor_act_space if agent == CONDUCTOR else self._worker_act_space
+
+    # -- episode control --------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
+        options = options or {}
+        if "task" in options:
+            self.task = options["task"]
+        else:
+            self.task = self._draw_task(0 if seed is None else seed)
+        if seed is not None:
+            for space in (self._conductor_act_space, self._worker_act_space, self._worker_obs_space):
+                space.seed(seed)
+        self.agents = list(self.possible_agents)
+        self.rewards = dict.fromkeys(self.agents, 0.0)
+        self._cumulative_rewards = dict.fromkeys(self.agents, 0.0)
+        self.terminations = dict.fromkeys(self.agents, False)
+        self.truncations = dict.fromkeys(self.agents, False)
+        self.transcript = []
+        self.turn = 0
+        self.pending = None
+        self.final_verdict = None
+        self.step_reward_vector = dict.fromkeys(REWARD_COMPONENTS, 0.0)
+        self._obs_cache = None
+        self._selector = AgentSelector([CONDUCTOR])
+        self.agent_selection = CONDUCTOR
+        self.infos = {a: {} for a in self.agents}
+        self._refresh_infos()
+
+    def _draw_task(self, seed: int) -> Task:
+        if self._task_pool:
+            return self._task_pool[seed % len(self._task_pool)]
+        return self.family.generate(self.split, 1, seed, self.difficulty)[0]
+
+    # -- structured state -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The structured state (JSON): what rule-based conductors read and trajectories record."""
+        assert self.task is not None, "call reset() first"
+        t = self.task
+        state: dict[str, Any] = {
+            "task": {
+                "id": t.id,
+                "family": t.family,
+                "split": t.split,
+                "prompt": t.prompt,
+                "difficulty": t.difficulty,
+                "kind": t.metadata.get("kind"),
+            },
+            "turn": self.turn,
+            "max_turns": self.config.max_turns,
+            "transcript": copy.deepcopy(self.transcript),
+        }
+        state["flags"] = derive_flags(state)
+        return state
+
+    def action_mask(self) -> np.ndarray:
+        mask = np.zeros(self.config.num_actions, dtype=np.int8)
+        if self.agents and self.agent_selection == CONDUCTOR and self.pending is None:
+            for w in self.config.workers:
+                for ins in w.instructions:
+                    mask[self.config.action_id(w.name, ins)] = 1
+            if derive_flags({"transcript": self.transcript})["has_candidate"]:
+                mask[self.config.submit_action] = 1
+        return mask
+
+    def _conductor_vector(self) -> np.ndarray:
+        if self._obs_cache is None:
+            self._obs_cache = self.encoder.encode(self.state_dict())
+        return self._obs_cache
+
+    def observe(self, agent: str) -> Any:
+        if agent == CONDUCTOR:
+            return {"observation": self._conductor_vector().copy(), "action_mask": self.action_mask()}
+        return {"chat": self.worker_chat(agent)}
+
+    def visible_messages(self, agent: str) -> list[dict[str, Any]]:
+        w = self._workers[agent]
+        if w.sees == "all":
+            return list(self.transcript)
+        if w.sees == "own":
+            return [m for m in self.transcript if m["worker"] == agent]
+        if w.sees == "last":
+            return self.transcript[-1:]
+        if w.sees == "task":
+            return []
+        return [m for m in self.transcript if m["worker"] in w.sees]
+
+    def worker_chat(self, agent: str) -> list[dict[str, str]]:
+        """The chat ``agent`` would answer now: role prompt, task, visible messages, instruction."""
+        assert self.task is not None, "call reset() first"
+        w = self._workers[agent]
+        instruction = self.pending[1] if self.pending is not None and self.pending[0] == agent else w.instructions[0]
+        limit = self.config.max_message_chars
+        parts = [f"Task:\n{self.task.prompt}"]
+        visible = self.visible_messages(agent)
+        if visible:
+            lines = [f"[{m['worker']}] {m['text'][:limit].strip()}" for m in visible]
+            parts.append("Messages so far:\n" + "\n\n".join(lines))
+        parts.append(self.config.instructions[instruction])
+        chat = []
+        if w.role_prompt:
+            chat.append({"role": "system", "content": w.role_prompt})
+        chat.append({"role": "user", "content": "\n\n".join(parts)})
+        return chat
+
+    # -- stepping ---------------------------------------------------------------------------------
+    def step(self, action: Any) -> None:
+        agent = self.agent_selection
+        if self.terminations[agent] or self.truncations[agent]:
+            self._was_dead_step(action)
+            return
+        self._cumulative_rewards[agent] = 0.0
+        vec = dict.fromkeys(REWARD_COMPONENTS, 0.0)
+        if agent == CONDUCTOR:
+            self._conductor_step(int(action), vec)
+        else:
+            self._worker_step(agent, action, vec)
+        scalar = float(sum(self.config.reward_weights.get(k, 0.0) * v for k, v in vec.items()))
+        self.step_reward_vector = vec
+        self.rewards = dict.fromkeys(self.agents, scalar)
+        self._obs_cache = None
+        self._refresh_infos()
+        self._accumulate_rewards()
+        if self.render_mode == "human":
+            print(self.render())
+
+    def _conductor_step(self, action: int, vec: dict[str, float]) -> None:
+        mask = self.action_mask()
+        if not 0 <= action < self.config.num_actions:
+            raise IllegalActionError(f"conductor action {action} out of range [0, {self.config.num_actions})")
+        if not mask[action]:
+            legal = [self.config.action_label(a) for a in np.flatnonzero(mask)]
+            raise IllegalActionError(
+                f"conductor action {action} ({self.config.action_label(action)}) is masked; legal: {legal}"
+            )
+        if action == self.config.submit_action:
+            flags = derive_flags({"transcript": self.transcript})
+            assert self.task is not None
+            text = self.transcript[flags["candidate_index"]]["text"]
+            self.final_verdict = self.family.verify(self.task, text)
+            vec["success"] = float(self.final_verdict.score)
+            self.terminations = dict.fromkeys(self.agents, True)
+            return
+        worker, instruction = self.config.decode_action(action)
+        assert worker is not None and instruction is not None
+        self.pending = (worker, instruction)
+        vec["turn_cost"] = -1.0
+        self.agent_selection = worker
+
+    def _worker_step(self, agent: str, action: Any, vec: dict[str, float]) -> None:
+        if self.pending is None or self.pending[0] != agent:
+            raise IllegalActionError(f"{agent} acted but the conductor did not pick it")
+        if isinstance(action, Mapping):
+            text, tokens, verdict = str(action["text"]), int(action.get("tokens", 0)), action.get("verdict")
+        elif isinstance(action, str):
+            text, tokens, verdict = action, len(action.split()), None
+        else:
+            raise IllegalActionError(f"{agent}: a worker's action is its message (str or mapping), got {type(action)}")
+        w = self._workers[agent]
+        if w.kind == "tool" and verdict is None:
+            verdict = "n/a"
+        if verdict not in (None, "pass", "fail", "n/a"):
+            raise IllegalActionError(f"{agent}: verdict must be pass, fail or n/a, got {verdict!r}")
+        answer = None
+        if w.proposes_answer and verdict != "n/a":  # a tool that could not check proposes nothing
+            assert self.task is not None
+            answer = self.family.verify(self.task, text).extracted
+        self.transcript.append(
+            {
+                "worker": agent,
+                "instruction": self.pending[1],
+                "text": text,
+                "verdict": verdict,
+                "answer": answer,
+                "tokens": tokens,
+                "proposes_answer": w.proposes_answer,
+            }
+        )
+        vec["token_cost"] = -tokens / 100.0
+        if verdict in ("pass", "fail") and derive_flags({"transcript": self.transcript})["has_candidate"]:
+            vec["progress"] = 1.0 if verdict == "pass" else -1.0
+        if w.proposes_answer and w.kind == "llm" and answer is None:
+            vec["format"] = -1.0
+        self.pending = None
+        self.turn += 1
+        self.agent_selection = CONDUCTOR
+        if self.turn >= self.config.max_turns:
+            self.truncations = dict.fromkeys(self.agents, True)
+
+    def _refresh_infos(self) -> None:
+        for a in self.agents:
+            self.infos[a] = {"reward_vector": dict(self.step_reward_vector)}
+        if CONDUCTOR in self.infos and self.task is not None:
+            self.infos[CONDUCTOR]["state"] = self.state_dict()
+            self.infos[CONDUCTOR]["action_mask"] = self.action_mask()
+
+    def render(self) -> str | None:
+        if self.render_mode is None or self.task is None:
+            return None
+        lines = [f"task {self.task.id}: {self.task.prompt}", f"turn {self.turn}/{self.config.max_turns}"]
+        for m in self.transcript:
+            tag = f" [{m['verdict']}]" if m["verdict"] else ""
+            lines.append(f"  {m['worker']} ({m['instruction']}){tag}: {m['text'][:200]!r}")
+        if self.final_verdict is not None:
+            lines.append(f"submitted: score {self.final_verdict.score} ({self.final_verdict.reason})")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,251 @@
+"""The ``orchestra`` command line: record, evaluate, inspect trajectories, run the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EPILOG = "Every command takes --seed; runs repeat exactly on CPU. Docs: README.md."
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=0, help="run seed (tasks and per-episode seeds derive from it)")
+    p.add_argument("--num-envs", type=int, default=8, help="envs stepped at once; worker requests are batched across them")
+    p.add_argument("--no-cache", action="store_true", help="do not use the response cache for temperature-0 calls")
+    p.add_argument("--cache", default=None, help="response cache file (default: $ORCHESTRA_CACHE_DIR/responses.sqlite)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="orchestra",
+        description="Learn how to run a team of LLM agents: record orchestration trajectories, compare conductors.",
+        epilog=EPILOG,
+    )
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("record", help="record trajectories of a team under a conductor", epilog=EPILOG)
+    p.add_argument("--team", required=True, help="built-in team name (see `orchestra teams`) or a team YAML file")
+    p.add_argument("--conductor", required=True, help="round_robin | random | pipeline | heuristic | human | llm")
+    p.add_argument("--family", default=None, help="task family (default: the team's) or a .jsonl file of question/answer")
+    p.add_argument("--split", default="train", choices=["train", "test"], help="task split")
+    p.add_argument("--episodes", type=int, default=20, help="number of episodes")
+    p.add_argument("--difficulty", type=int, default=None, help="one difficulty level (default: mixed)")
+    p.add_argument("--out", required=True, help="X.jsonl (run files go to X_run/) or a directory")
+    p.add_argument("--resume", action="store_true", help="continue a killed recording: no duplicates, no gaps")
+    _common(p)
+
+    p = sub.add_parser("evaluate", help="compare conductors on the same held-out tasks", epilog=EPILOG)
+    p.add_argument("--team", action="append", required=True, help="team (repeat: one per task family)")
+    p.add_argument("--conductor", action="append", required=True, help="conductor (repeat)")
+    p.add_argument("--episodes", type=int, default=20, help="held-out tasks per family")
+    p.add_argument("--split", default="test", choices=["train", "test"], help="split to evaluate on")
+    p.add_argument("--out", required=True, help="run directory (results.csv, results.md, success.png, episodes/)")
+    _common(p)
+
+    p = sub.add_parser("trajectories", help="inspect and export trajectory files", epilog=EPILOG)
+    tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = tsub.add_parser("stats", help="validate files and summarise them (damaged lines are reported)")
+    q.add_argument("paths", nargs="+", help="JSONL files or directories")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON")
+    q = tsub.add_parser("show", help="print one episode as a readable transcript")
+    q.add_argument("path")
+    q.add_argument("--episode", default=None, help="episode id (default: the first)")
+    q.add_argument("--index", type=int, default=None, help="episode index in the file")
+    q = tsub.add_parser("export", help="export to Parquet")
+    q.add_argument("path")
+    q.add_argument("--to", required=True, help="output .parquet file")
+    q.add_argument("--table", default="steps", choices=["steps", "episodes"], help="one row per step or per episode")
+
+    sub.add_parser("teams", help="list the built-in teams")
+    sub.add_parser("families", help="list the task families")
+
+    p = sub.add_parser("demo", help="record with rule-based conductors on two families and evaluate them", epilog=EPILOG)
+    p.add_argument("--out", default="runs/demo", help="run directory")
+    p.add_argument("--episodes", type=int, default=None, help="held-out episodes per family and conductor")
+    p.add_argument("--train-episodes", type=int, default=None, help="recorded training episodes per conductor")
+    _common(p)
+    return ap
+
+
+def _cmd_record(a: argparse.Namespace) -> int:
+    from orchestra.runs import RecordConfig, record
+
+    cfg = RecordConfig(
+        team=a.team,
+        conductor=a.conductor,
+        episodes=a.episodes,
+        split=a.split,
+        family=a.family,
+        difficulty=a.difficulty,
+        seed=a.seed,
+        num_envs=a.num_envs,
+        use_cache=not a.no_cache,
+        cache_path=a.cache,
+        progress=not a.quiet,
+    )
+    res = record(cfg, a.out, resume=a.resume)
+    m = res.metrics
+    print(
+        f"recorded {len(res.episodes)} episodes ({res.skipped} already there) → {res.trajectories}\n"
+        f"run dir: {res.run_dir}\n"
+        f"success {100 * m.get('rollout/success_rate', 0):.1f}%  return {m.get('rollout/mean_return', 0):.3f}  "
+        f"turns {m.get('rollout/mean_turns', 0):.2f}  tokens {m.get('rollout/mean_tokens', 0):.1f}  "
+        f"({m.get('perf/episodes_per_s', 0):.2f} ep/s, {m.get('perf/tokens_per_s', 0):.0f} tok/s generated)"
+    )
+    return 0
+
+
+def _cmd_evaluate(a: argparse.Namespace) -> int:
+    from orchestra.runs import EvaluateConfig, evaluate, format_table
+
+    cfg = EvaluateConfig(
+        teams=a.team,
+        conductors=a.conductor,
+        episodes=a.episodes,
+        split=a.split,
+        seed=a.seed,
+        num_envs=a.num_envs,
+        use_cache=not a.no_cache,
+        cache_path=a.cache,
+        progress=not a.quiet,
+    )
+    rows, paths = evaluate(cfg, a.out)
+    print(format_table(rows))
+    print("\n" + "  ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _cmd_trajectories(a: argparse.Namespace) -> int:
+    from trajectories import read_many, read_trajectories, summarize, to_parquet
+
+    if a.action == "stats":
+        report = read_many([Path(p) for p in a.paths])
+        for pr in report.problems:
+            print(f"warning: {pr}", file=sys.stderr)
+        s = summarize(report.episodes)
+        if a.json:
+            print(json.dumps(s, indent=2, default=str))
+        else:
+            print(_format_stats(s))
+        return 1 if report.problems else 0
+    if a.action == "show":
+        report = read_trajectories(Path(a.path))
+        for pr in report.problems:
+            print(f"warning: {pr}", file=sys.stderr)
+        eps = report.episodes
+        if not eps:
+            print(f"{a.path}: no valid episodes", file=sys.stderr)
+            return 1
+        if a.episode is not None:
+            match = [e for e in eps if e.episode_id == a.episode]
+            if not match:
+                print(f"{a.path}: no episode {a.episode!r} (first ids: {[e.episode_id for e in eps[:5]]})", file=sys.stderr)
+                return 1
+            ep = match[0]
+        else:
+            ep = eps[a.index or 0]
+        print(_format_episode(ep))
+        return 0
+    if a.action == "export":
+        n = to_parquet(Path(a.path), Path(a.to), table=a.table)
+        print(f"wrote {a.to} ({n} rows)" if isinstance(n, int) else f"wrote {a.to}")
+        return 0
+    return 2
+
+
+def _format_stats(s: dict) -> str:
+    lines = [f"{k}: {v}" for k, v in s.items() if not isinstance(v, dict)]
+    for k, v in s.items():
+        if isinstance(v, dict):
+            lines.append(f"{k}:")
+            for kk, vv in v.items():
+                lines.append(f"  {kk}: {vv}")
+    return "\n".join(lines)
+
+
+def _format_episode(ep) -> str:  # type: ignore[no-untyped-def]
+    lines = [
+        f"episode {ep.episode_id}  conductor={ep.conductor.name}  task={ep.task.id} ({ep.task.family}, {ep.task.split})",
+        f"success={ep.success} score={ep.score} return={ep.return_:.3f} terminated={ep.terminated} truncated={ep.truncated}",
+        "",
+        ep.steps[0].state["task"]["prompt"] if ep.steps else "",
+        "",
+    ]
+    for st in ep.steps:
+        label = "submit" if st.action.kind == "submit" else f"{st.action.worker}:{st.action.instruction}"
+        lines.append(f"[t={st.t}] conductor → {label}   reward {st.reward.scalar:+.3f} {st.reward.named}")
+        if st.message is not None:
+            tag = f" [{st.message.verdict}]" if st.message.verdict else ""
+            lines.append(f"    {st.message.worker}{tag} ({st.message.completion_tokens} tok): {st.message.text.strip()}")
+    lines.append(f"\nverdict: {ep.metadata.get('verdict_reason', '')}")
+    return "\n".join(lines)
+
+
+def _cmd_teams(a: argparse.Namespace) -> int:
+    from orchestra.team import builtin_teams, load_team
+
+    for name in builtin_teams():
+        t = load_team(name)
+        workers = ", ".join(f"{w.name}({w.kind})" for w in t.env.workers)
+        print(f"{name:16s} family={t.family:15s} workers: {workers}  max_turns={t.env.max_turns}")
+    return 0
+
+
+def _cmd_families(a: argparse.Namespace) -> int:
+    from envs.tasks.registry import FAMILIES, get_family
+
+    for name in FAMILIES:
+        if name == "jsonl":
+            print(f"{name:16s} your own question/answer data: --family data.jsonl")
+            continue
+        fam = get_family(name)
+        print(f"{name:16s} difficulties={list(fam.difficulties)} tools={sorted(fam.tools())}")
+    return 0
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from orchestra.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(seed=a.seed, num_envs=a.num_envs, use_cache=not a.no_cache, cache_path=a.cache, progress=not a.quiet)
+    if a.episodes is not None:
+        cfg.eval_episodes = a.episodes
+    if a.train_episodes is not None:
+        cfg.train_episodes = a.train_episodes
+    run_demo(cfg, Path(a.out))
+    return 0
+
+
+COMMANDS = {
+    "record": _cmd_record,
+    "evaluate": _cmd_evaluate,
+    "trajectories": _cmd_trajectories,
+    "teams": _cmd_teams,
+    "families": _cmd_families,
+    "demo": _cmd_demo,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from envs.tasks.base import Task  # noqa: F401  (fail early with a clear message if the install is broken)
+    from orchestra.backends.base import BackendError
+    from orchestra.team import TeamFileError
+    from policies.base import PolicyError
+    from trajectories import SchemaError, TrajectoryFileError
+
+    try:
+        return COMMANDS[args.command](args)
+    except (TeamFileError, PolicyError, BackendError, TrajectoryFileError, SchemaError, FileExistsError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; recorded episodes are safe (rerun with --resume to continue)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

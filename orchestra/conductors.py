@@ -1,0 +1,71 @@
+"""The one registry of conductor names for the CLI: rule-based ones from ``policies`` plus the LLM
+speaker-selector (which needs a backend, so it lives here)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from orchestra.backends import make_backend
+from orchestra.backends.base import Backend, GenerationParams
+from orchestra.llm_conductor import LLMConductor
+from orchestra.team import TeamSpec
+from policies import (
+    ConductorPolicy,
+    HeuristicConductor,
+    HeuristicRules,
+    HumanConductor,
+    PipelineConductor,
+    PolicyError,
+    RandomConductor,
+    RoundRobinConductor,
+)
+
+CONDUCTOR_NAMES = ("round_robin", "random", "pipeline", "heuristic", "human", "llm")
+
+
+def _options(team: TeamSpec, name: str) -> dict[str, Any]:
+    return dict(team.conductors.get(name, {}))
+
+
+def conductor_factory(
+    name: str, team: TeamSpec, seed: int = 0, backends: dict[str, Backend] | None = None
+) -> Callable[[], ConductorPolicy]:
+    """A zero-argument constructor of fresh conductor instances (one per env slot and episode)."""
+    cfg = team.env
+    opts = _options(team, name)
+    where = f"{team.path}: conductors.{name}"
+    try:
+        if name == "round_robin":
+            rounds = int(opts.get("rounds", 1))
+            RoundRobinConductor(cfg, rounds)  # validate now, not on the first episode
+            return lambda: RoundRobinConductor(cfg, rounds)
+        if name == "random":
+            return lambda: RandomConductor(cfg, seed)
+        if name == "pipeline":
+            steps = opts.get("steps")
+            if not steps:
+                raise PolicyError(f"{where}.steps: the team file defines no pipeline (a list of 'worker:instruction')")
+            PipelineConductor(cfg, steps)
+            return lambda: PipelineConductor(cfg, steps)
+        if name == "heuristic":
+            if "start" not in opts:
+                raise PolicyError(f"{where}.start: the team file defines no heuristic rules")
+            rules = HeuristicRules(**opts)
+            HeuristicConductor(cfg, rules)
+            return lambda: HeuristicConductor(cfg, rules)
+        if name == "human":
+            return lambda: HumanConductor(cfg)
+        if name == "llm":
+            key = opts.get("backend")
+            if key is None:
+                raise PolicyError(f"{where}.backend: name the backend the LLM conductor uses")
+            if key not in team.backends:
+                raise PolicyError(f"{where}.backend: unknown backend {key!r} (declared: {sorted(team.backends)})")
+            backend = (backends or {}).get(key) or make_backend(dict(team.backends[key]))
+            params = GenerationParams(max_tokens=int(opts.get("max_tokens", 12)), temperature=0.0, stop=("\n",))
+            shared = LLMConductor(cfg, backend, params)  # stateless between episodes; share the counters
+            return lambda: shared
+    except TypeError as e:
+        raise PolicyError(f"{where}: {e}") from e
+    raise PolicyError(f"unknown conductor {name!r} (known: {', '.join(CONDUCTOR_NAMES)})")

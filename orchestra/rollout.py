@@ -1,0 +1,332 @@
+"""The rollout engine: many episodes of one team under one conductor, several envs stepped at once.
+
+Rollout is apart from learning (DESIGN §6). Each loop advances every active env to its next worker
+turn (conductor decisions are cheap), then serves all pending worker turns with ONE ``generate`` call
+per backend, so a batching backend (transformers, an HTTP server) sees a batch across envs.
+
+Each finished episode becomes a trajectory record (DESIGN §4) and is handed to the writer at once
+(flush + fsync per episode), so a killed run loses at most the episodes in flight.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from envs.tasks.base import Task, TaskFamily
+from envs.team_env import CONDUCTOR, TeamEnv
+from orchestra.backends.base import Completion
+from orchestra.team import TeamSpec
+from orchestra.workers import Worker
+from policies.base import ConductorPolicy
+from trajectories import (
+    SCHEMA_VERSION,
+    Action,
+    ConductorRef,
+    Episode,
+    Message,
+    Reward,
+    Step,
+    TaskRef,
+    TeamRef,
+    TrajectoryWriter,
+)
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    episode_id: str
+    task: Task
+    seed: int
+
+
+def episode_seed(seed: int, index: int) -> int:
+    """A stable per-episode seed from the run seed and the episode index."""
+    h = hashlib.sha256(f"{seed}:{index}".encode()).digest()
+    return int.from_bytes(h[:4], "big")
+
+
+def plan_jobs(tasks: Sequence[Task], seed: int, prefix: str) -> list[EpisodeJob]:
+    """Episode i runs task i with ``episode_seed(seed, i)``: the plan is the same on every run,
+    so ``--resume`` can skip what is done and redo exactly what is missing."""
+    return [EpisodeJob(f"{prefix}-{i:05d}", t, episode_seed(seed, i)) for i, t in enumerate(tasks)]
+
+
+@dataclass
+class _Slot:
+    job: EpisodeJob
+    env: TeamEnv
+    conductor: ConductorPolicy
+    steps: list[Step] = field(default_factory=list)
+    pending: dict[str, Any] | None = None  # the conductor decision awaiting its worker's message
+    tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    t0: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class RolloutStats:
+    episodes: int = 0
+    tokens: int = 0
+    generated_tokens: int = 0  # tokens not served from the cache
+    llm_calls: int = 0
+    cache_hits: int = 0
+    wall_s: float = 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        w = max(self.wall_s, 1e-9)
+        return {
+            "rollout/episodes": self.episodes,
+            "rollout/tokens": self.tokens,
+            "rollout/generated_tokens": self.generated_tokens,
+            "rollout/llm_calls": self.llm_calls,
+            "rollout/cache_hits": self.cache_hits,
+            "perf/wall_s": round(self.wall_s, 3),
+            "perf/episodes_per_s": round(self.episodes / w, 4),
+            "perf/tokens_per_s": round(self.generated_tokens / w, 2),
+        }
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        team: TeamSpec,
+        family: TaskFamily,
+        workers: dict[str, Worker],
+        conductor_factory: Callable[[], ConductorPolicy],
+        *,
+        conductor_name: str,
+        conductor_checkpoint: str | None = None,
+        run_id: str = "run",
+        num_envs: int = 8,
+        progress: bool = True,
+    ) -> None:
+        self.team, self.family, self.workers = team, family, workers
+        self.conductor_factory = conductor_factory
+        self.conductor_name, self.conductor_checkpoint = conductor_name, conductor_checkpoint
+        self.run_id, self.num_envs, self.progress = run_id, max(1, num_envs), progress
+        self._envs: list[TeamEnv] = []
+        self.stats = RolloutStats()
+
+    def _env(self, i: int) -> TeamEnv:
+        while len(self._envs) <= i:
+            encoder = self._envs[0].encoder if self._envs else None
+            self._envs.append(TeamEnv(self.team.env, self.family, encoder=encoder))
+        return self._envs[i]
+
+    def run(
+        self,
+        jobs: Sequence[EpisodeJob],
+        writer: TrajectoryWriter | None = None,
+        on_episode: Callable[[Episode], None] | None = None,
+    ) -> list[Episode]:
+        queue = list(jobs)[::-1]
+        slots: list[_Slot | None] = [None] * min(self.num_envs, max(len(queue), 1))
+        done: list[Episode] = []
+        t_start = time.perf_counter()
+        bar = tqdm(total=len(queue), desc=f"{self.team.name}/{self.conductor_name}", unit="ep", disable=not self.progress)
+        try:
+            while queue or any(s is not None for s in slots):
+                for i, s in enumerate(slots):
+                    if s is None and queue:
+                        slots[i] = self._start(i, queue.pop())
+                # 1) conductors act until each env waits for a worker (or ends)
+                for i, s in enumerate(slots):
+                    if s is not None:
+                        ep = self._advance_conductor(s)
+                        if ep is not None:
+                            slots[i] = None
+                            self._finish(ep, writer, on_episode, done, bar, t_start)
+                # 2) one batched generate call per backend for every waiting worker
+                groups: dict[int, list[tuple[int, _Slot, Worker]]] = defaultdict(list)
+                for i, s in enumerate(slots):
+                    if s is not None and s.env.agents and s.env.agent_selection != CONDUCTOR:
+                        w = self.workers[s.env.agent_selection]
+                        groups[id(w.backend)].append((i, s, w))
+                for members in groups.values():
+                    requests = [
+                        w.request(s.env.worker_chat(w.name), s.job.task, s.env.transcript, s.job.seed + 7919 * s.env.turn)
+                        for _, s, w in members
+                    ]
+                    completions = members[0][2].backend.generate(requests)
+                    for (i, s, w), c in zip(members, completions, strict=True):
+                        ep = self._worker_turn(s, w, c)
+                        if ep is not None:
+                            slots[i] = None
+                            self._finish(ep, writer, on_episode, done, bar, t_start)
+        finally:
+            bar.close()
+        self.stats.wall_s += time.perf_counter() - t_start
+        return done
+
+    # -- internals --------------------------------------------------------------------------------
+    def _start(self, i: int, job: EpisodeJob) -> _Slot:
+        env = self._env(i)
+        env.reset(seed=job.seed, options={"task": job.task})
+        conductor = self.conductor_factory()
+        conductor.reset(job.seed)
+        return _Slot(job=job, env=env, conductor=conductor)
+
+    def _advance_conductor(self, s: _Slot) -> Episode | None:
+        env = s.env
+        while env.agents and env.agent_selection == CONDUCTOR and not self._ended(env):
+            obs = env.observe(CONDUCTOR)
+            state = env.infos[CONDUCTOR]["state"]
+            mask = obs["action_mask"]
+            a = int(s.conductor.act(obs["observation"], mask, state))
+            worker, instruction = env.config.decode_action(a)
+            s.pending = {
+                "t": len(s.steps),
+                "state": state,
+                "observation": obs["observation"],
+                "action_mask": mask,
+                "action": Action(id=a, kind="submit" if worker is None else "worker", worker=worker, instruction=instruction),
+            }
+            env.step(a)
+            s.pending["vec"] = dict(env.step_reward_vector)
+            if worker is None:
+                self._close_step(s, None)
+                return self._episode(s)
+        if self._ended(env):
+            return self._episode(s)
+        return None
+
+    @staticmethod
+    def _ended(env: TeamEnv) -> bool:
+        return any(env.terminations.values()) or any(env.truncations.values())
+
+    def _worker_turn(self, s: _Slot, w: Worker, c: Completion) -> Episode | None:
+        s.env.step(Worker.env_action(c))
+        assert s.pending is not None
+        for k, v in s.env.step_reward_vector.items():
+            s.pending["vec"][k] += v
+        s.tokens[w.name] += c.usage.completion_tokens
+        self.stats.tokens += c.usage.completion_tokens
+        if w.kind == "llm":
+            self.stats.llm_calls += 1
+            if c.cached:
+                self.stats.cache_hits += 1
+            else:
+                self.stats.generated_tokens += c.usage.completion_tokens
+        prompt_version = next(x.prompt_version for x in s.env.config.workers if x.name == w.name)
+        instruction = s.pending["action"].instruction
+        msg = Message(
+            worker=w.name,
+            instruction=instruction,
+            text=c.text,
+            token_ids=list(c.token_ids),
+            logprobs=[float(x) for x in c.logprobs],
+            model_id=c.model_id,
+            prompt_version=prompt_version,
+            finish_reason=c.finish_reason,
+            prompt_tokens=c.usage.prompt_tokens,
+            completion_tokens=c.usage.completion_tokens,
+            cached=c.cached,
+            verdict=c.metadata.get("verdict"),
+        )
+        self._close_step(s, msg)
+        if self._ended(s.env):
+            return self._episode(s)
+        return None
+
+    def _close_step(self, s: _Slot, msg: Message | None) -> None:
+        p = s.pending
+        assert p is not None
+        env = s.env
+        vec = {k: float(v) for k, v in p["vec"].items()}
+        scalar = float(sum(env.config.reward_weights.get(k, 0.0) * v for k, v in vec.items()))
+        s.steps.append(
+            Step(
+                t=p["t"],
+                state=p["state"],
+                observation=[float(x) for x in np.asarray(p["observation"], dtype=np.float32)],
+                action_mask=[int(x) for x in p["action_mask"]],
+                action=p["action"],
+                message=msg,
+                reward=Reward(named=vec, scalar=scalar),
+                terminated=any(env.terminations.values()),
+                truncated=any(env.truncations.values()) and not any(env.terminations.values()),
+            )
+        )
+        s.pending = None
+
+    def _episode(self, s: _Slot) -> Episode:
+        env = s.env
+        task = s.job.task
+        verdict = env.final_verdict
+        cfg = env.config
+        final_state = env.state_dict()
+        return Episode(
+            schema_version=SCHEMA_VERSION,
+            episode_id=s.job.episode_id,
+            run_id=self.run_id,
+            task=TaskRef(id=task.id, family=task.family, split=task.split, seed=task.seed, difficulty=task.difficulty),
+            team=TeamRef(
+                name=cfg.name,
+                workers=list(cfg.worker_names),
+                model_ids={n: w.model_id for n, w in self.workers.items()},
+                prompt_versions={w.name: w.prompt_version for w in cfg.workers},
+            ),
+            conductor=ConductorRef(name=self.conductor_name, checkpoint=self.conductor_checkpoint),
+            seed=s.job.seed,
+            steps=s.steps,
+            return_=float(sum(st.reward.scalar for st in s.steps)),
+            success=bool(verdict is not None and verdict.correct),
+            score=float(verdict.score) if verdict is not None else 0.0,
+            terminated=any(env.terminations.values()),
+            truncated=any(env.truncations.values()) and not any(env.terminations.values()),
+            usage={"tokens": dict(s.tokens), "wall_time_s": round(time.perf_counter() - s.t0, 4)},
+            final_observation=[float(x) for x in env.encoder.encode(final_state)],
+            metadata={
+                "final_state": final_state,
+                "verdict_reason": verdict.reason if verdict is not None else "not submitted (turn budget spent)",
+                "task_kind": task.metadata.get("kind"),
+            },
+        )
+
+    def _finish(
+        self,
+        ep: Episode,
+        writer: TrajectoryWriter | None,
+        on_episode: Callable[[Episode], None] | None,
+        done: list[Episode],
+        bar: Any,
+        t_start: float,
+    ) -> None:
+        if writer is not None:
+            writer.write(ep)
+        if on_episode is not None:
+            on_episode(ep)
+        done.append(ep)
+        self.stats.episodes += 1
+        bar.update(1)
+        el = max(time.perf_counter() - t_start, 1e-9)
+        bar.set_postfix(ep_s=f"{len(done) / el:.2f}", tok_s=f"{self.stats.generated_tokens / el:.0f}")
+
+
+def episode_metrics(episodes: Iterable[Episode]) -> dict[str, float]:
+    """Flat namespaced metrics of a set of episodes, incl. ``agent/{name}/parse_fail_rate``."""
+    eps = list(episodes)
+    out: dict[str, float] = {}
+    if not eps:
+        return out
+    out["rollout/success_rate"] = float(np.mean([e.success for e in eps]))
+    out["rollout/mean_return"] = float(np.mean([e.return_ for e in eps]))
+    out["rollout/mean_turns"] = float(np.mean([sum(1 for s in e.steps if s.message is not None) for e in eps]))
+    out["rollout/mean_tokens"] = float(np.mean([sum(e.usage.get("tokens", {}).values()) for e in eps]))
+    msgs: dict[str, list[Any]] = defaultdict(list)
+    for e in eps:
+        for st in e.metadata.get("final_state", {}).get("transcript", []):
+            msgs[st["worker"]].append(st)
+    for name, ms in sorted(msgs.items()):
+        proposing = [m for m in ms if m.get("proposes_answer") and m.get("verdict") is None]
+        if proposing:
+            out[f"agent/{name}/parse_fail_rate"] = float(np.mean([m.get("answer") is None for m in proposing]))
+        out[f"agent/{name}/turns_per_episode"] = len(ms) / len(eps)
+    return out

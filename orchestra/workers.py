@@ -1,0 +1,93 @@
+"""Workers: a name, a versioned role prompt, a backend and generation parameters.
+
+The env renders the chat a worker may see (its visibility is part of the env); the worker turns that
+chat into a backend request and the completion into the env action. It parses nothing it cannot:
+output the verifier cannot read is kept verbatim and counted (``agent/{name}/parse_fail_rate``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.tasks.base import Task
+from orchestra.backends import make_backend
+from orchestra.backends.base import Backend, Completion, GenerationParams, GenerationRequest, messages_from_dicts
+from orchestra.backends.cache import CachedBackend, ResponseCache
+from orchestra.backends.tools import ToolBackend
+from orchestra.team import TeamSpec
+
+
+def default_cache_path() -> Path:
+    """``$ORCHESTRA_CACHE_DIR/responses.sqlite`` (default ``~/.cache/orchestra``)."""
+    base = os.environ.get("ORCHESTRA_CACHE_DIR") or str(Path.home() / ".cache" / "orchestra")
+    return Path(base) / "responses.sqlite"
+
+
+@dataclass
+class Worker:
+    name: str
+    kind: str  # "llm" | "tool"
+    backend: Backend
+    params: GenerationParams
+    prompt_version: str
+    tool: str | None = None
+
+    @property
+    def model_id(self) -> str:
+        return f"tool:{self.tool}" if self.kind == "tool" else self.backend.model_id
+
+    def request(
+        self, chat: Sequence[Mapping[str, str]], task: Task, transcript: Sequence[Mapping[str, Any]], seed: int
+    ) -> GenerationRequest:
+        params = self.params
+        if params.temperature > 0:  # per-turn seed: sampled runs repeat exactly
+            params = GenerationParams(
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                stop=params.stop,
+                seed=seed,
+            )
+        context: dict[str, Any] = {"task": task, "transcript": list(transcript)}
+        if self.tool is not None:
+            context["tool"] = self.tool
+        return GenerationRequest(messages=messages_from_dicts(chat), params=params, context=context)
+
+    @staticmethod
+    def env_action(completion: Completion) -> dict[str, Any]:
+        """The env's worker action: the text plus what the env's rewards and flags need."""
+        return {
+            "text": completion.text,
+            "tokens": completion.usage.completion_tokens,
+            "verdict": completion.metadata.get("verdict"),
+        }
+
+
+def build_workers(
+    team: TeamSpec, tools: Mapping[str, Any], *, cache_path: Path | None = None, use_cache: bool = True
+) -> dict[str, Worker]:
+    """Instantiate each backend once (workers sharing a backend key share the loaded model)."""
+    cache = ResponseCache(cache_path or default_cache_path()) if use_cache else None
+    backends: dict[str, Backend] = {}
+    for key, spec in team.backends.items():
+        b = make_backend(dict(spec))
+        backends[key] = CachedBackend(b, cache) if cache is not None else b
+    tool_backend = ToolBackend(dict(tools))
+    workers: dict[str, Worker] = {}
+    for spec in team.env.workers:
+        rt = team.workers[spec.name]
+        if rt.kind == "tool":
+            if rt.tool not in tools:
+                raise ValueError(
+                    f"{team.path}: worker {spec.name!r}: tool {rt.tool!r} is not a tool of family "
+                    f"{team.family!r} (tools: {sorted(tools)})"
+                )
+            workers[spec.name] = Worker(spec.name, "tool", tool_backend, rt.generation, spec.prompt_version, rt.tool)
+        else:
+            assert rt.backend is not None
+            workers[spec.name] = Worker(spec.name, "llm", backends[rt.backend], rt.generation, spec.prompt_version)
+    return workers

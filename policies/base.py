@@ -1,0 +1,36 @@
+"""The conductor contract (DESIGN §3): ``act(obs, action_mask) -> int`` plus a ``name``.
+
+Rule-based conductors may read the structured state the env exposes (``infos["conductor"]["state"]``)
+instead of the vector; learned ones read the vector. Every conductor must return a legal action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class ConductorPolicy(Protocol):
+    name: str
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start a new episode (``seed`` drives any randomness of the policy)."""
+        ...
+
+    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int:
+        """The next action id; ``action_mask[a] == 1`` for every legal ``a``."""
+        ...
+
+
+class PolicyError(ValueError):
+    """A conductor was misconfigured (unknown worker/instruction in a schedule, bad option)."""
+
+
+def first_legal(action_mask: np.ndarray) -> int:
+    legal = np.flatnonzero(action_mask)
+    if legal.size == 0:
+        raise PolicyError("no legal action: the env offered an all-zero action mask")
+    return int(legal[0])

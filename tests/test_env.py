@@ -1,0 +1,149 @@
+"""TeamEnv conformance (PettingZoo api_test / seed_test on every family's team) and behaviour."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from pettingzoo.test import api_test, seed_test
+
+from envs.config import TeamEnvConfig, WorkerSpec
+from envs.observation import ObservationEncoder, derive_flags
+from envs.tasks.registry import get_family
+from envs.team_env import CONDUCTOR, IllegalActionError, TeamEnv
+from orchestra.team import builtin_teams, load_team
+
+TEAMS = builtin_teams()
+
+
+def make_env(team_name: str, embedder: str = "hash") -> TeamEnv:
+    team = load_team(team_name)
+    cfg = dataclasses.replace(team.env, embedder=embedder)
+    return TeamEnv(cfg, get_family(team.family))
+
+
+def test_every_family_has_a_builtin_team() -> None:
+    families = {load_team(t).family for t in TEAMS}
+    assert {"arithmetic", "logic_grid", "blocksworld", "code_synthesis"} <= families
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_pettingzoo_api(team: str) -> None:
+    api_test(make_env(team), num_cycles=30)
+
+
+@pytest.mark.parametrize("team", TEAMS)
+def test_pettingzoo_seed(team: str) -> None:
+    seed_test(lambda: make_env(team), num_cycles=20)
+
+
+def _cfg(max_turns: int = 3) -> TeamEnvConfig:
+    return TeamEnvConfig(
+        name="t",
+        workers=(
+            WorkerSpec("solver", "llm", ("solve", "revise"), "all", True),
+            WorkerSpec("calculator", "tool", ("check",), "last", True),
+            WorkerSpec("critic", "llm", ("check",), "own", False),
+        ),
+        instructions={"solve": "Solve it.", "revise": "Fix it.", "check": "Check it."},
+        max_turns=max_turns,
+        embedder="hash",
+    )
+
+
+def _arith_env(max_turns: int = 3) -> TeamEnv:
+    env = TeamEnv(_cfg(max_turns), get_family("arithmetic"))
+    env.reset(seed=3)
+    return env
+
+
+def test_action_layout_and_mask() -> None:
+    env = _arith_env()
+    cfg = env.config
+    assert cfg.num_actions == 3 * 3 + 1
+    obs = env.observe(CONDUCTOR)
+    mask = obs["action_mask"]
+    legal = {cfg.action_label(a) for a in np.flatnonzero(mask)}
+    # submit is masked until some worker proposed an answer; instructions a worker does not take are masked
+    assert legal == {"solver:solve", "solver:revise", "calculator:check", "critic:check"}
+    assert obs["observation"].dtype == np.float32
+    assert obs["observation"].shape == (env.encoder.size,)
+    with pytest.raises(IllegalActionError, match="masked"):
+        env.step(cfg.submit_action)
+    with pytest.raises(IllegalActionError, match="out of range"):
+        env.step(99)
+
+
+def test_submit_terminates_and_scores_with_the_verifier() -> None:
+    env = _arith_env()
+    task = env.task
+    assert task is not None
+    env.step(env.config.action_id("solver", "solve"))
+    assert env.agent_selection == "solver"
+    env.step({"text": f"The result is {task.answer}. Answer: {task.answer}", "tokens": 12})
+    assert env.agent_selection == CONDUCTOR
+    assert env.step_reward_vector["token_cost"] == pytest.approx(-0.12)
+    flags = derive_flags(env.state_dict())
+    assert flags["has_candidate"] and flags["candidate"] is not None
+    env.step(env.config.submit_action)
+    assert all(env.terminations.values()) and not any(env.truncations.values())
+    assert env.step_reward_vector["success"] == 1.0
+    assert env.final_verdict is not None and env.final_verdict.correct
+
+
+def test_wrong_answer_fails_and_budget_truncates() -> None:
+    env = _arith_env(max_turns=2)
+    task = env.task
+    assert task is not None
+    wrong = str(int(float(task.answer)) + 1)
+    for _ in range(2):
+        env.step(env.config.action_id("solver", "solve"))
+        env.step({"text": f"Answer: {wrong}", "tokens": 3})
+    assert all(env.truncations.values()) and not any(env.terminations.values())
+    assert env.final_verdict is None
+    env2 = _arith_env()
+    env2.step(env2.config.action_id("solver", "solve"))
+    env2.step({"text": f"Answer: {wrong}", "tokens": 3})
+    env2.step(env2.config.submit_action)
+    assert env2.step_reward_vector["success"] == 0.0
+
+
+def test_visibility_per_worker() -> None:
+    env = _arith_env(max_turns=5)
+    env.step(env.config.action_id("solver", "solve"))
+    env.step({"text": "SOLVER-SAYS 5. Answer: 5", "tokens": 3})
+    env.step(env.config.action_id("critic", "check"))
+    env.step({"text": "CRITIC-SAYS fine", "tokens": 2})
+    env.step(env.config.action_id("critic", "check"))
+    critic_chat = env.observe("critic")["chat"][-1]["content"]
+    assert "CRITIC-SAYS" in critic_chat and "SOLVER-SAYS" not in critic_chat  # sees: own
+    env.step({"text": "CRITIC-SAYS again", "tokens": 2})
+    env.step(env.config.action_id("solver", "revise"))
+    solver_chat = env.observe("solver")["chat"]
+    assert "SOLVER-SAYS" in solver_chat[-1]["content"] and "CRITIC-SAYS" in solver_chat[-1]["content"]
+    assert "Fix it." in solver_chat[-1]["content"]  # the conductor's instruction reaches the worker
+
+
+def test_worker_out_of_turn_is_rejected() -> None:
+    env = _arith_env()
+    env.step(env.config.action_id("solver", "solve"))
+    env.agent_selection = "critic"  # simulate a buggy driver
+    with pytest.raises(IllegalActionError, match="did not pick"):
+        env.step("hello")
+
+
+def test_observation_is_a_function_of_the_structured_state() -> None:
+    env = _arith_env(max_turns=5)
+    env.step(env.config.action_id("solver", "solve"))
+    env.step({"text": "2 + 2 = 4. Answer: 4", "tokens": 9})
+    enc = ObservationEncoder(env.config)
+    state = env.state_dict()
+    assert "answer" not in state["task"]  # the ground truth never enters the state
+    np.testing.assert_array_equal(enc.encode(state), env.observe(CONDUCTOR)["observation"])
+    names = enc.feature_names()
+    assert len(names) == enc.size
+    vec = enc.encode(state)
+    assert vec[names.index("has_candidate")] == 1.0
+    assert vec[names.index("last_worker_solver")] == 1.0
+    assert vec[names.index("turn_frac")] == pytest.approx(1 / 5)
