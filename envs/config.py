@@ -40,6 +40,9 @@ class WorkerSpec:
     # message, or only the task; or an explicit tuple of worker names whose messages it sees
     sees: Visibility | tuple[str, ...] = "all"
     proposes_answer: bool = True  # its messages are candidate answers that "submit" can submit
+    # for tools: the verdicts whose message carries an answer (a calculator's FAIL states the right
+    # value; a checker's FAIL only names the broken clue)
+    answer_verdicts: tuple[str, ...] = ("pass",)
     role_prompt: str = ""  # system prompt (LLM workers)
     prompt_version: str = "v1"  # bump when the role prompt changes; logged in every message
 

@@ -247,7 +247,7 @@ class TeamEnv(AECEnv):
         if verdict not in (None, "pass", "fail", "n/a"):
             raise IllegalActionError(f"{agent}: verdict must be pass, fail or n/a, got {verdict!r}")
         answer = None
-        if w.proposes_answer and verdict != "n/a":  # a tool that could not check proposes nothing
+        if w.proposes_answer and (w.kind == "llm" or verdict in w.answer_verdicts):
             assert self.task is not None
             answer = self.family.verify(self.task, text).extracted
         self.transcript.append(

@@ -66,8 +66,8 @@ def summarize(episodes: Iterable[Episode]) -> list[ResultRow]:
                 ci_low=lo,
                 ci_high=hi,
                 mean_return=float(np.mean([e.return_ for e in eps])),
-                mean_turns=float(np.mean([sum(1 for s in e.steps if s.message is not None) for e in eps])),
-                mean_tokens=float(np.mean([sum(e.usage.get("tokens", {}).values()) for e in eps])),
+                mean_turns=float(np.mean([e.worker_turns for e in eps])),
+                mean_tokens=float(np.mean([e.total_tokens for e in eps])),
                 truncated_rate=float(np.mean([e.truncated for e in eps])),
             )
         )

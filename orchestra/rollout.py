@@ -318,8 +318,8 @@ def episode_metrics(episodes: Iterable[Episode]) -> dict[str, float]:
         return out
     out["rollout/success_rate"] = float(np.mean([e.success for e in eps]))
     out["rollout/mean_return"] = float(np.mean([e.return_ for e in eps]))
-    out["rollout/mean_turns"] = float(np.mean([sum(1 for s in e.steps if s.message is not None) for e in eps]))
-    out["rollout/mean_tokens"] = float(np.mean([sum(e.usage.get("tokens", {}).values()) for e in eps]))
+    out["rollout/mean_turns"] = float(np.mean([e.worker_turns for e in eps]))
+    out["rollout/mean_tokens"] = float(np.mean([e.total_tokens for e in eps]))
     msgs: dict[str, list[Any]] = defaultdict(list)
     for e in eps:
         for st in e.metadata.get("final_state", {}).get("transcript", []):

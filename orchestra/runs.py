@@ -121,8 +121,8 @@ def _episode_row(e: Episode) -> dict[str, Any]:
         "task_id": e.task.id,
         "success": int(e.success),
         "return": round(e.return_, 6),
-        "turns": sum(1 for s in e.steps if s.message is not None),
-        "tokens": sum(e.usage.get("tokens", {}).values()),
+        "turns": e.worker_turns,
+        "tokens": e.total_tokens,
         "truncated": int(e.truncated),
         "wall_time_s": e.usage.get("wall_time_s", 0.0),
     }

@@ -107,6 +107,14 @@ class _Fields:
             raise self.err(extra[0], f"unknown field (known here: {', '.join(sorted(self._seen))})")
 
 
+def _verdicts(w: _Fields) -> list[str]:
+    vs = w.get("answer_verdicts", list, ["pass"])
+    for v in vs:
+        if v not in ("pass", "fail", "n/a"):
+            raise w.err("answer_verdicts", f"expected a list of pass, fail, n/a; got {v!r}")
+    return [str(v) for v in vs]
+
+
 def _generation(f: _Fields) -> GenerationParams:
     d = GenerationParams()
     stop = f.get("stop", list, list(d.stop))
@@ -182,6 +190,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
                 instructions=tuple(str(x) for x in ins),
                 sees=sees if isinstance(sees, str) else tuple(sees),  # type: ignore[arg-type]
                 proposes_answer=w.get("proposes_answer", bool, kind == "llm"),
+                answer_verdicts=tuple(_verdicts(w)),
                 role_prompt=w.get("role_prompt", str, ""),
                 prompt_version=w.get("prompt_version", str, "v1"),
             )

@@ -311,7 +311,8 @@ def test_summarize_counts_and_breakdowns() -> None:
     s = summarize(eps)
     assert s["count"] == 3
     assert s["success_rate"] == pytest.approx(2 / 3)
-    assert s["mean_turns"] == pytest.approx(3.0)
+    assert s["mean_decisions"] == pytest.approx(3.0)
+    assert s["mean_turns"] == pytest.approx(2.0)  # worker turns: the final submit is no turn
     assert s["mean_tokens"] == pytest.approx(100.0)
     assert s["mean_return"] == pytest.approx(sum(e.return_ for e in eps) / 3)
     assert s["by_family"]["arith"]["count"] == 2 and s["by_family"]["plan"]["success_rate"] == 1.0

@@ -510,6 +510,11 @@ class Episode(_Record):
         _set(self, "metadata", _json_object(self.metadata, "metadata"))
 
     @property
+    def worker_turns(self) -> int:
+        """Turns the conductor gave to workers (its decisions minus a final submit)."""
+        return sum(1 for s in self.steps if s.message is not None)
+
+    @property
     def total_tokens(self) -> int:
         """Tokens spent: ``usage["tokens"]`` summed, else prompt + completion over the messages."""
         tokens = self.usage.get("tokens")

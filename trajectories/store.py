@@ -401,7 +401,8 @@ def _stats(episodes: list[Episode]) -> dict[str, Any]:
         "success_rate": mean(float(ep.success) for ep in episodes),
         "mean_return": mean(ep.return_ for ep in episodes),
         "mean_score": mean(ep.score for ep in episodes),
-        "mean_turns": mean(float(len(ep.steps)) for ep in episodes),
+        "mean_turns": mean(float(ep.worker_turns) for ep in episodes),
+        "mean_decisions": mean(float(len(ep.steps)) for ep in episodes),
         "mean_tokens": mean(float(ep.total_tokens) for ep in episodes),
         "truncation_rate": mean(float(ep.truncated) for ep in episodes),
     }

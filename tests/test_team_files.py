@@ -1,0 +1,71 @@
+"""Team files: the built-in ones load; bad ones fail with errors that name the file and the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestra.conductors import CONDUCTOR_NAMES, conductor_factory
+from orchestra.team import TeamFileError, builtin_teams, load_team
+
+
+@pytest.mark.parametrize("name", builtin_teams())
+def test_builtin_team_loads_with_every_rule_based_conductor(name: str) -> None:
+    team = load_team(name)
+    assert team.name == name and team.env.worker_names
+    assert any(w.kind == "tool" for w in team.env.workers), "each family's team has a tool worker"
+    assert any(w.kind == "llm" for w in team.env.workers), "each family's team has an LLM role"
+    for c in ("round_robin", "random", "pipeline", "heuristic"):
+        policy = conductor_factory(c, team, seed=0)()
+        assert policy.name == c
+
+
+def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
+    raw = yaml.safe_load(load_team("arithmetic").path.read_text())
+    mutate(raw)
+    p = tmp_path / "team.yaml"
+    p.write_text(yaml.safe_dump(raw))
+    return p
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r["workers"][0]["generation"].__setitem__("max_tokens", "many"), r"workers\[0\]\.generation\.max_tokens: expected int"),
+        (lambda r: r["workers"][0].__setitem__("backend", "gpt9"), r"workers\[0\]\.backend: unknown backend 'gpt9'"),
+        (lambda r: r["workers"][1].__setitem__("instructions", ["fly"]), r"workers\[1\] \(calculator\)\.instructions: 'fly' is not declared"),
+        (lambda r: r["workers"][0].__setitem__("colour", "red"), r"workers\[0\]\.colour: unknown field"),
+        (lambda r: r.__setitem__("reward_weights", {"speed": 1.0}), r"reward_weights\.speed: unknown reward component"),
+        (lambda r: r.pop("family"), r"family: required field is missing"),
+        (lambda r: r["workers"][0].__setitem__("sees", "everyone"), r"workers\[0\]\.sees: expected all, own, last, task"),
+        (lambda r: r["workers"][1].__setitem__("name", "solver"), r"duplicate worker names"),
+    ],
+)
+def test_bad_team_file_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    p = _write(tmp_path, mutate)
+    with pytest.raises(TeamFileError, match=message) as e:
+        load_team(p)
+    assert str(p) in str(e.value)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path) -> None:
+    p = tmp_path / "broken.yaml"
+    p.write_text("name: x\nworkers: [\n  - oops: : :\n")
+    with pytest.raises(TeamFileError, match=r"broken\.yaml: line \d+: not valid YAML"):
+        load_team(p)
+
+
+def test_unknown_team_lists_the_builtin_ones() -> None:
+    with pytest.raises(TeamFileError, match="built-in: arithmetic"):
+        load_team("no_such_team")
+
+
+def test_pipeline_with_unknown_worker_is_rejected_at_build_time(tmp_path: Path) -> None:
+    p = _write(tmp_path, lambda r: r["conductors"].__setitem__("pipeline", {"steps": ["wizard:solve"]}))
+    with pytest.raises(ValueError, match="unknown worker 'wizard'"):
+        conductor_factory("pipeline", load_team(p))
+    with pytest.raises(ValueError, match="unknown conductor"):
+        conductor_factory("oracle", load_team("arithmetic"))
+    assert "llm" in CONDUCTOR_NAMES
