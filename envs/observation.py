@@ -62,9 +62,7 @@ def derive_flags(state: Mapping[str, Any]) -> dict[str, Any]:
         "candidate": transcript[cand_idx]["answer"] if cand_idx is not None else None,
         "has_candidate": cand_idx is not None,
         "candidate_changed": bool(
-            last is not None
-            and cand_idx == len(transcript) - 1
-            and (len(answers) < 2 or answers[-1] != answers[-2])
+            last is not None and cand_idx == len(transcript) - 1 and (len(answers) < 2 or answers[-1] != answers[-2])
         ),
         "last_verdict": last_verdict,
         # a verdict speaks about the candidate standing when the tool ran (which may be its own)
@@ -74,7 +72,9 @@ def derive_flags(state: Mapping[str, Any]) -> dict[str, Any]:
         "answers_agree": len(answers) >= 2 and answers[-1] == answers[-2],
         "last_worker": last["worker"] if last is not None else None,
         "last_instruction": last.get("instruction") if last is not None else None,
-        "turns_by_worker": {w: sum(1 for m in transcript if m["worker"] == w) for w in {m["worker"] for m in transcript}},
+        "turns_by_worker": {
+            w: sum(1 for m in transcript if m["worker"] == w) for w in {m["worker"] for m in transcript}
+        },
     }
 
 
@@ -166,6 +166,9 @@ class ObservationEncoder:
         v += [float(f["last_worker"] == w) for w in c.worker_names] + [float(last is None)]
         v += [float(f["last_instruction"] == k) for k in c.instruction_names] + [float(last is None)]
         v += [f["turns_by_worker"].get(w, 0) / max_turns for w in c.worker_names]
-        v += [sum(1 for m in transcript if m["worker"] == w and m.get("verdict") == "fail") / max_turns for w in c.worker_names]
+        v += [
+            sum(1 for m in transcript if m["worker"] == w and m.get("verdict") == "fail") / max_turns
+            for w in c.worker_names
+        ]
         v += [float(state["task"].get("difficulty", 1)) / 5.0]
         return np.asarray(v, dtype=np.float32)

@@ -7,8 +7,9 @@ the current candidate answer; its observation is ``{"observation": float32 vecto
 visible part of the transcript + the conductor's instruction), as ``{"chat": [...]}``, and its action is its message text —
 the env holds no LLM (DESIGN §2): the rollout engine generates the text and passes it in.
 
-Ends: submitting → ``terminations`` (the verifier scores the candidate); spending the turn budget →
-``truncations`` (nothing is submitted). Rewards are a named vector per step (``envs.config``), scalarised
+Ends: submitting → ``terminations`` (the verifier scores the candidate). The turn budget counts
+worker turns: once it is spent, submit is the only legal action if a candidate answer exists, and the
+episode is truncated (``truncations``, nothing submitted) if none does. Rewards are a named vector per step (``envs.config``), scalarised
 by the team's weights; every agent receives the scalar (the team is cooperative) and the named vector
 is in ``infos[agent]["reward_vector"]`` and ``env.step_reward_vector``.
 """
@@ -109,7 +110,7 @@ class TeamEnv(AECEnv):
         self._obs_cache = None
         self._selector = AgentSelector([CONDUCTOR])
         self.agent_selection = CONDUCTOR
-        self.infos = {a: {} for a in self.agents}
+        self.infos: dict[str, dict[str, Any]] = {a: {} for a in self.agents}
         self._refresh_infos()
 
     def _draw_task(self, seed: int) -> Task:
@@ -141,9 +142,10 @@ class TeamEnv(AECEnv):
     def action_mask(self) -> np.ndarray:
         mask = np.zeros(self.config.num_actions, dtype=np.int8)
         if self.agents and self.agent_selection == CONDUCTOR and self.pending is None:
-            for w in self.config.workers:
-                for ins in w.instructions:
-                    mask[self.config.action_id(w.name, ins)] = 1
+            if self.turn < self.config.max_turns:  # budget spent: submitting is all that is left
+                for w in self.config.workers:
+                    for ins in w.instructions:
+                        mask[self.config.action_id(w.name, ins)] = 1
             if derive_flags({"transcript": self.transcript})["has_candidate"]:
                 mask[self.config.submit_action] = 1
         return mask
@@ -171,17 +173,17 @@ class TeamEnv(AECEnv):
         return [m for m in self.transcript if m["worker"] in w.sees]
 
     def worker_chat(self, agent: str) -> list[dict[str, str]]:
-        """The chat ``agent`` would answer now: role prompt, task, visible messages, instruction."""
+        """The chat ``agent`` would answer now: role prompt, then instruction, task and visible messages."""
         assert self.task is not None, "call reset() first"
         w = self._workers[agent]
         instruction = self.pending[1] if self.pending is not None and self.pending[0] == agent else w.instructions[0]
         limit = self.config.max_message_chars
-        parts = [f"Task:\n{self.task.prompt}"]
+        # instruction first: a small model tends to echo a trailing instruction instead of following it
+        parts = [self.config.instructions[instruction], f"Task:\n{self.task.prompt}"]
         visible = self.visible_messages(agent)
         if visible:
             lines = [f"[{m['worker']}] {m['text'][:limit].strip()}" for m in visible]
             parts.append("Messages so far:\n" + "\n\n".join(lines))
-        parts.append(self.config.instructions[instruction])
         chat = []
         if w.role_prompt:
             chat.append({"role": "system", "content": w.role_prompt})
@@ -214,7 +216,7 @@ class TeamEnv(AECEnv):
         if not 0 <= action < self.config.num_actions:
             raise IllegalActionError(f"conductor action {action} out of range [0, {self.config.num_actions})")
         if not mask[action]:
-            legal = [self.config.action_label(a) for a in np.flatnonzero(mask)]
+            legal = [self.config.action_label(int(a)) for a in np.flatnonzero(mask)]
             raise IllegalActionError(
                 f"conductor action {action} ({self.config.action_label(action)}) is masked; legal: {legal}"
             )
@@ -269,7 +271,9 @@ class TeamEnv(AECEnv):
         self.pending = None
         self.turn += 1
         self.agent_selection = CONDUCTOR
-        if self.turn >= self.config.max_turns:
+        if self.turn >= self.config.max_turns and not derive_flags({"transcript": self.transcript})["has_candidate"]:
+            # the budget is spent and there is nothing to submit; with a candidate the conductor
+            # gets one last decision, in which submit is the only legal action
             self.truncations = dict.fromkeys(self.agents, True)
 
     def _refresh_infos(self) -> None:

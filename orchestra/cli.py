@@ -7,13 +7,19 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trajectories import Episode
 
 EPILOG = "Every command takes --seed; runs repeat exactly on CPU. Docs: README.md."
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="run seed (tasks and per-episode seeds derive from it)")
-    p.add_argument("--num-envs", type=int, default=8, help="envs stepped at once; worker requests are batched across them")
+    p.add_argument(
+        "--num-envs", type=int, default=8, help="envs stepped at once; worker requests are batched across them"
+    )
     p.add_argument("--no-cache", action="store_true", help="do not use the response cache for temperature-0 calls")
     p.add_argument("--cache", default=None, help="response cache file (default: $ORCHESTRA_CACHE_DIR/responses.sqlite)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -30,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("record", help="record trajectories of a team under a conductor", epilog=EPILOG)
     p.add_argument("--team", required=True, help="built-in team name (see `orchestra teams`) or a team YAML file")
     p.add_argument("--conductor", required=True, help="round_robin | random | pipeline | heuristic | human | llm")
-    p.add_argument("--family", default=None, help="task family (default: the team's) or a .jsonl file of question/answer")
+    p.add_argument(
+        "--family", default=None, help="task family (default: the team's) or a .jsonl file of question/answer"
+    )
     p.add_argument("--split", default="train", choices=["train", "test"], help="task split")
     p.add_argument("--episodes", type=int, default=20, help="number of episodes")
     p.add_argument("--difficulty", type=int, default=None, help="one difficulty level (default: mixed)")
@@ -63,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("teams", help="list the built-in teams")
     sub.add_parser("families", help="list the task families")
 
-    p = sub.add_parser("demo", help="record with rule-based conductors on two families and evaluate them", epilog=EPILOG)
+    p = sub.add_parser(
+        "demo", help="record with rule-based conductors on two families and evaluate them", epilog=EPILOG
+    )
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes per family and conductor")
     p.add_argument("--train-episodes", type=int, default=None, help="recorded training episodes per conductor")
@@ -143,7 +153,10 @@ def _cmd_trajectories(a: argparse.Namespace) -> int:
         if a.episode is not None:
             match = [e for e in eps if e.episode_id == a.episode]
             if not match:
-                print(f"{a.path}: no episode {a.episode!r} (first ids: {[e.episode_id for e in eps[:5]]})", file=sys.stderr)
+                print(
+                    f"{a.path}: no episode {a.episode!r} (first ids: {[e.episode_id for e in eps[:5]]})",
+                    file=sys.stderr,
+                )
                 return 1
             ep = match[0]
         else:
@@ -157,7 +170,7 @@ def _cmd_trajectories(a: argparse.Namespace) -> int:
     return 2
 
 
-def _format_stats(s: dict) -> str:
+def _format_stats(s: dict[str, Any]) -> str:
     lines = [f"{k}: {v}" for k, v in s.items() if not isinstance(v, dict)]
     for k, v in s.items():
         if isinstance(v, dict):
@@ -167,7 +180,7 @@ def _format_stats(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _format_episode(ep) -> str:  # type: ignore[no-untyped-def]
+def _format_episode(ep: Episode) -> str:
     lines = [
         f"episode {ep.episode_id}  conductor={ep.conductor.name}  task={ep.task.id} ({ep.task.family}, {ep.task.split})",
         f"success={ep.success} score={ep.score} return={ep.return_:.3f} terminated={ep.terminated} truncated={ep.truncated}",
@@ -180,7 +193,9 @@ def _format_episode(ep) -> str:  # type: ignore[no-untyped-def]
         lines.append(f"[t={st.t}] conductor → {label}   reward {st.reward.scalar:+.3f} {st.reward.named}")
         if st.message is not None:
             tag = f" [{st.message.verdict}]" if st.message.verdict else ""
-            lines.append(f"    {st.message.worker}{tag} ({st.message.completion_tokens} tok): {st.message.text.strip()}")
+            lines.append(
+                f"    {st.message.worker}{tag} ({st.message.completion_tokens} tok): {st.message.text.strip()}"
+            )
     lines.append(f"\nverdict: {ep.metadata.get('verdict_reason', '')}")
     return "\n".join(lines)
 
@@ -210,7 +225,9 @@ def _cmd_families(a: argparse.Namespace) -> int:
 def _cmd_demo(a: argparse.Namespace) -> int:
     from orchestra.demo import DemoConfig, run_demo
 
-    cfg = DemoConfig(seed=a.seed, num_envs=a.num_envs, use_cache=not a.no_cache, cache_path=a.cache, progress=not a.quiet)
+    cfg = DemoConfig(
+        seed=a.seed, num_envs=a.num_envs, use_cache=not a.no_cache, cache_path=a.cache, progress=not a.quiet
+    )
     if a.episodes is not None:
         cfg.eval_episodes = a.episodes
     if a.train_episodes is not None:
@@ -239,7 +256,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return COMMANDS[args.command](args)
-    except (TeamFileError, PolicyError, BackendError, TrajectoryFileError, SchemaError, FileExistsError, FileNotFoundError) as e:
+    except (
+        TeamFileError,
+        PolicyError,
+        BackendError,
+        TrajectoryFileError,
+        SchemaError,
+        FileExistsError,
+        FileNotFoundError,
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

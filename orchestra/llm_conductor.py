@@ -71,7 +71,9 @@ class LLMConductor:
         if state is None:
             raise PolicyError("llm conductor needs the structured state (infos['conductor']['state'])")
         legal = [int(a) for a in np.flatnonzero(action_mask)]
-        completion = self.backend.generate([GenerationRequest(messages=tuple(self.prompt(state, legal)), params=self.params)])[0]
+        completion = self.backend.generate(
+            [GenerationRequest(messages=tuple(self.prompt(state, legal)), params=self.params)]
+        )[0]
         self.decisions += 1
         a = self.parse(completion.text, legal)
         if a is None:

@@ -130,7 +130,9 @@ class RolloutEngine:
         slots: list[_Slot | None] = [None] * min(self.num_envs, max(len(queue), 1))
         done: list[Episode] = []
         t_start = time.perf_counter()
-        bar = tqdm(total=len(queue), desc=f"{self.team.name}/{self.conductor_name}", unit="ep", disable=not self.progress)
+        bar = tqdm(
+            total=len(queue), desc=f"{self.team.name}/{self.conductor_name}", unit="ep", disable=not self.progress
+        )
         try:
             while queue or any(s is not None for s in slots):
                 for i, s in enumerate(slots):
@@ -151,7 +153,9 @@ class RolloutEngine:
                         groups[id(w.backend)].append((i, s, w))
                 for members in groups.values():
                     requests = [
-                        w.request(s.env.worker_chat(w.name), s.job.task, s.env.transcript, s.job.seed + 7919 * s.env.turn)
+                        w.request(
+                            s.env.worker_chat(w.name), s.job.task, s.env.transcript, s.job.seed + 7919 * s.env.turn
+                        )
                         for _, s, w in members
                     ]
                     completions = members[0][2].backend.generate(requests)
@@ -186,7 +190,9 @@ class RolloutEngine:
                 "state": state,
                 "observation": obs["observation"],
                 "action_mask": mask,
-                "action": Action(id=a, kind="submit" if worker is None else "worker", worker=worker, instruction=instruction),
+                "action": Action(
+                    id=a, kind="submit" if worker is None else "worker", worker=worker, instruction=instruction
+                ),
             }
             env.step(a)
             s.pending["vec"] = dict(env.step_reward_vector)

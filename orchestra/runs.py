@@ -199,4 +199,13 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow],
     return rows, paths
 
 
-__all__ = ["EvaluateConfig", "RecordConfig", "RecordResult", "Session", "evaluate", "format_table", "record", "run_paths"]
+__all__ = [
+    "EvaluateConfig",
+    "RecordConfig",
+    "RecordResult",
+    "Session",
+    "evaluate",
+    "format_table",
+    "record",
+    "run_paths",
+]

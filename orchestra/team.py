@@ -64,7 +64,9 @@ def resolve_team_path(team: str | Path) -> Path:
     builtin = TEAMS_DIR / f"{team}.yaml"
     if builtin.exists():
         return builtin
-    raise TeamFileError(f"unknown team {team!r}: not a file and not a built-in team (built-in: {', '.join(builtin_teams())})")
+    raise TeamFileError(
+        f"unknown team {team!r}: not a file and not a built-in team (built-in: {', '.join(builtin_teams())})"
+    )
 
 
 class _Fields:
@@ -82,7 +84,12 @@ class _Fields:
     def err(self, key: str, msg: str) -> TeamFileError:
         return TeamFileError(f"{self.where}: {self._name(key)}: {msg}")
 
-    def get(self, key: str, typ: type | tuple[type, ...], default: Any = ..., ) -> Any:
+    def get(
+        self,
+        key: str,
+        typ: type | tuple[type, ...],
+        default: Any = ...,
+    ) -> Any:
         self._seen.add(key)
         if key not in self.data:
             if default is ...:
@@ -186,7 +193,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
         specs.append(
             WorkerSpec(
                 name=wname,
-                kind=kind,  # type: ignore[arg-type]
+                kind=kind,
                 instructions=tuple(str(x) for x in ins),
                 sees=sees if isinstance(sees, str) else tuple(sees),  # type: ignore[arg-type]
                 proposes_answer=w.get("proposes_answer", bool, kind == "llm"),
@@ -212,7 +219,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
             instructions=instructions,
             max_turns=top.get("max_turns", int, 6),
             reward_weights=weights,
-            embedder=top.get("embedder", str, "minilm"),  # type: ignore[arg-type]
+            embedder=top.get("embedder", str, "minilm"),
             recent_messages=top.get("recent_messages", int, 1),
             max_message_chars=top.get("max_message_chars", int, 2000),
         )

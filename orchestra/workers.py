@@ -78,16 +78,16 @@ def build_workers(
         backends[key] = CachedBackend(b, cache) if cache is not None else b
     tool_backend = ToolBackend(dict(tools))
     workers: dict[str, Worker] = {}
-    for spec in team.env.workers:
-        rt = team.workers[spec.name]
+    for ws in team.env.workers:
+        rt = team.workers[ws.name]
         if rt.kind == "tool":
             if rt.tool not in tools:
                 raise ValueError(
-                    f"{team.path}: worker {spec.name!r}: tool {rt.tool!r} is not a tool of family "
+                    f"{team.path}: worker {ws.name!r}: tool {rt.tool!r} is not a tool of family "
                     f"{team.family!r} (tools: {sorted(tools)})"
                 )
-            workers[spec.name] = Worker(spec.name, "tool", tool_backend, rt.generation, spec.prompt_version, rt.tool)
+            workers[ws.name] = Worker(ws.name, "tool", tool_backend, rt.generation, ws.prompt_version, rt.tool)
         else:
             assert rt.backend is not None
-            workers[spec.name] = Worker(spec.name, "llm", backends[rt.backend], rt.generation, spec.prompt_version)
+            workers[ws.name] = Worker(ws.name, "llm", backends[rt.backend], rt.generation, ws.prompt_version)
     return workers

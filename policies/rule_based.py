@@ -147,7 +147,7 @@ class HeuristicConductor:
             and last["worker"] == self._check_worker
             and self._revise is not None
             and fails <= self.rules.max_revisions
-            and turns_left >= 2
+            and turns_left >= 1
         ):
             return self._revise if action_mask[self._revise] else first_legal(action_mask)
         return _submit_or(action_mask, self.config, self._start)

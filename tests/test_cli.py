@@ -47,7 +47,9 @@ def test_teams_and_families_listings() -> None:
 
 
 def test_bad_input_gives_a_clear_error(tmp_path: Path, cli_env: dict[str, str]) -> None:
-    r = orchestra("record", "--team", "nope", "--conductor", "round_robin", "--out", str(tmp_path / "x.jsonl"), env=cli_env)
+    r = orchestra(
+        "record", "--team", "nope", "--conductor", "round_robin", "--out", str(tmp_path / "x.jsonl"), env=cli_env
+    )
     assert r.returncode == 2 and "unknown team 'nope'" in r.stderr and "Traceback" not in r.stderr
     r = orchestra("trajectories", "stats", str(tmp_path / "missing.jsonl"))
     assert r.returncode == 2 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr
@@ -56,12 +58,38 @@ def test_bad_input_gives_a_clear_error(tmp_path: Path, cli_env: dict[str, str]) 
 def test_record_stats_show_export_evaluate(tmp_path: Path, cli_env: dict[str, str]) -> None:
     team = str(short_team(tmp_path))
     out = tmp_path / "rec.jsonl"
-    r = orchestra("record", "--team", team, "--conductor", "pipeline", "--episodes", "3", "--seed", "2", "--out", str(out), "--quiet", env=cli_env)
+    r = orchestra(
+        "record",
+        "--team",
+        team,
+        "--conductor",
+        "pipeline",
+        "--episodes",
+        "3",
+        "--seed",
+        "2",
+        "--out",
+        str(out),
+        "--quiet",
+        env=cli_env,
+    )
     assert r.returncode == 0, r.stderr
     assert "recorded 3 episodes" in r.stdout
     assert len(read_trajectories(out, strict=True).episodes) == 3
     # refusing to overwrite without --resume
-    r = orchestra("record", "--team", team, "--conductor", "pipeline", "--episodes", "3", "--out", str(out), "--quiet", env=cli_env)
+    r = orchestra(
+        "record",
+        "--team",
+        team,
+        "--conductor",
+        "pipeline",
+        "--episodes",
+        "3",
+        "--out",
+        str(out),
+        "--quiet",
+        env=cli_env,
+    )
     assert r.returncode == 2 and "--resume" in r.stderr
     r = orchestra("trajectories", "stats", str(out), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["count"] == 3
@@ -78,7 +106,18 @@ def test_record_stats_show_export_evaluate(tmp_path: Path, cli_env: dict[str, st
     assert r.returncode == 1 and "rec.jsonl:4:" in r.stderr and json.loads(r.stdout)["count"] == 3
     ev = tmp_path / "eval"
     r = orchestra(
-        "evaluate", "--team", team, "--conductor", "pipeline", "--conductor", "random", "--episodes", "2", "--out", str(ev), "--quiet",
+        "evaluate",
+        "--team",
+        team,
+        "--conductor",
+        "pipeline",
+        "--conductor",
+        "random",
+        "--episodes",
+        "2",
+        "--out",
+        str(ev),
+        "--quiet",
         env=cli_env,
     )
     assert r.returncode == 0, r.stderr
@@ -91,8 +130,24 @@ def test_resume_after_sigkill_leaves_exactly_n_distinct_episodes(tmp_path: Path,
     team = str(short_team(tmp_path))
     out = tmp_path / "killed.jsonl"
     n = 6
-    args = [sys.executable, "-m", "orchestra.cli", "record", "--team", team, "--conductor", "round_robin",
-            "--episodes", str(n), "--num-envs", "1", "--no-cache", "--quiet", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "orchestra.cli",
+        "record",
+        "--team",
+        team,
+        "--conductor",
+        "round_robin",
+        "--episodes",
+        str(n),
+        "--num-envs",
+        "1",
+        "--no-cache",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
     proc = subprocess.Popen(args, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:

@@ -92,7 +92,7 @@ def test_submit_terminates_and_scores_with_the_verifier() -> None:
     assert env.final_verdict is not None and env.final_verdict.correct
 
 
-def test_wrong_answer_fails_and_budget_truncates() -> None:
+def test_budget_leaves_only_submit_or_truncates() -> None:
     env = _arith_env(max_turns=2)
     task = env.task
     assert task is not None
@@ -100,13 +100,19 @@ def test_wrong_answer_fails_and_budget_truncates() -> None:
     for _ in range(2):
         env.step(env.config.action_id("solver", "solve"))
         env.step({"text": f"Answer: {wrong}", "tokens": 3})
-    assert all(env.truncations.values()) and not any(env.terminations.values())
-    assert env.final_verdict is None
-    env2 = _arith_env()
-    env2.step(env2.config.action_id("solver", "solve"))
-    env2.step({"text": f"Answer: {wrong}", "tokens": 3})
-    env2.step(env2.config.submit_action)
-    assert env2.step_reward_vector["success"] == 0.0
+    # budget spent with a candidate: one last decision, and submit is the only legal action
+    assert not any(env.truncations.values()) and env.agent_selection == CONDUCTOR
+    assert np.flatnonzero(env.observe(CONDUCTOR)["action_mask"]).tolist() == [env.config.submit_action]
+    env.step(env.config.submit_action)
+    assert env.step_reward_vector["success"] == 0.0 and all(env.terminations.values())
+    # budget spent with nothing to submit: truncation, no verdict
+    env2 = _arith_env(max_turns=2)
+    for _ in range(2):
+        env2.step(env2.config.action_id("solver", "solve"))
+        env2.step({"text": "I do not know.", "tokens": 4})
+        assert env2.step_reward_vector["format"] == -1.0
+    assert all(env2.truncations.values()) and not any(env2.terminations.values())
+    assert env2.final_verdict is None
 
 
 def test_visibility_per_worker() -> None:

@@ -35,8 +35,13 @@ def short_team(tmp_path: Path, name: str = "arithmetic", max_tokens: int = 24) -
 def test_record_with_real_smollm2_workers(tmp_path: Path) -> None:
     team_file = short_team(tmp_path)
     cfg = RecordConfig(
-        team=str(team_file), conductor="round_robin", episodes=3, seed=1, num_envs=2,
-        cache_path=str(tmp_path / "cache.sqlite"), progress=False,
+        team=str(team_file),
+        conductor="round_robin",
+        episodes=3,
+        seed=1,
+        num_envs=2,
+        cache_path=str(tmp_path / "cache.sqlite"),
+        progress=False,
     )
     res = record(cfg, tmp_path / "a.jsonl")
     report = read_trajectories(res.trajectories, strict=True)
@@ -75,10 +80,20 @@ def test_batched_engine_equals_one_env_at_a_time(tmp_path: Path) -> None:
     out = {}
     for n_envs in (1, 3):
         workers = build_workers(team, family.tools(), use_cache=False)
-        engine = RolloutEngine(team, family, workers, conductor_factory("heuristic", team), conductor_name="heuristic", num_envs=n_envs, progress=False)
+        engine = RolloutEngine(
+            team,
+            family,
+            workers,
+            conductor_factory("heuristic", team),
+            conductor_name="heuristic",
+            num_envs=n_envs,
+            progress=False,
+        )
         with TrajectoryWriter(tmp_path / f"n{n_envs}.jsonl") as w:
             eps = engine.run(plan_jobs(tasks, 0, "x"), writer=w)
-        out[n_envs] = {e.episode_id: [(s.action.id, s.message.text if s.message else None) for s in e.steps] for e in eps}
+        out[n_envs] = {
+            e.episode_id: [(s.action.id, s.message.text if s.message else None) for s in e.steps] for e in eps
+        }
         assert episode_metrics(eps)["rollout/mean_turns"] >= 1
     assert out[1] == out[3]
 

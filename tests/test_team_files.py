@@ -33,13 +33,22 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda r: r["workers"][0]["generation"].__setitem__("max_tokens", "many"), r"workers\[0\]\.generation\.max_tokens: expected int"),
+        (
+            lambda r: r["workers"][0]["generation"].__setitem__("max_tokens", "many"),
+            r"workers\[0\]\.generation\.max_tokens: expected int",
+        ),
         (lambda r: r["workers"][0].__setitem__("backend", "gpt9"), r"workers\[0\]\.backend: unknown backend 'gpt9'"),
-        (lambda r: r["workers"][1].__setitem__("instructions", ["fly"]), r"workers\[1\] \(calculator\)\.instructions: 'fly' is not declared"),
+        (
+            lambda r: r["workers"][1].__setitem__("instructions", ["fly"]),
+            r"workers\[1\] \(calculator\)\.instructions: 'fly' is not declared",
+        ),
         (lambda r: r["workers"][0].__setitem__("colour", "red"), r"workers\[0\]\.colour: unknown field"),
         (lambda r: r.__setitem__("reward_weights", {"speed": 1.0}), r"reward_weights\.speed: unknown reward component"),
         (lambda r: r.pop("family"), r"family: required field is missing"),
-        (lambda r: r["workers"][0].__setitem__("sees", "everyone"), r"workers\[0\]\.sees: expected all, own, last, task"),
+        (
+            lambda r: r["workers"][0].__setitem__("sees", "everyone"),
+            r"workers\[0\]\.sees: expected all, own, last, task",
+        ),
         (lambda r: r["workers"][1].__setitem__("name", "solver"), r"duplicate worker names"),
     ],
 )
