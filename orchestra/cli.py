@@ -81,6 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _run_options(a: argparse.Namespace) -> dict[str, Any]:
+    """The options every job shares (``_common``'s flags)."""
+    return {
+        "seed": a.seed,
+        "num_envs": a.num_envs,
+        "use_cache": not a.no_cache,
+        "cache_path": a.cache,
+        "progress": not a.quiet,
+    }
+
+
 def _cmd_record(a: argparse.Namespace) -> int:
     from orchestra.runs import RecordConfig, record
 
@@ -91,11 +102,7 @@ def _cmd_record(a: argparse.Namespace) -> int:
         split=a.split,
         family=a.family,
         difficulty=a.difficulty,
-        seed=a.seed,
-        num_envs=a.num_envs,
-        use_cache=not a.no_cache,
-        cache_path=a.cache,
-        progress=not a.quiet,
+        **_run_options(a),
     )
     res = record(cfg, a.out, resume=a.resume)
     m = res.metrics
@@ -117,11 +124,7 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
         conductors=a.conductor,
         episodes=a.episodes,
         split=a.split,
-        seed=a.seed,
-        num_envs=a.num_envs,
-        use_cache=not a.no_cache,
-        cache_path=a.cache,
-        progress=not a.quiet,
+        **_run_options(a),
     )
     rows, paths = evaluate(cfg, a.out)
     print(format_table(rows))

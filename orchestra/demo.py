@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, format_table, record
 
@@ -23,6 +24,9 @@ class DemoConfig:
     cache_path: str | None = None
     progress: bool = True
 
+    def run_options(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in ("seed", "num_envs", "use_cache", "cache_path", "progress")}
+
 
 def run_demo(cfg: DemoConfig, out: Path) -> Path:
     t0 = time.perf_counter()
@@ -31,29 +35,10 @@ def run_demo(cfg: DemoConfig, out: Path) -> Path:
     for team in cfg.teams:
         session = Session(team, None, cfg.use_cache, cfg.cache_path)
         for conductor in cfg.conductors:
-            rc = RecordConfig(
-                team=team,
-                conductor=conductor,
-                episodes=cfg.train_episodes,
-                split="train",
-                seed=cfg.seed,
-                num_envs=cfg.num_envs,
-                use_cache=cfg.use_cache,
-                cache_path=cfg.cache_path,
-                progress=cfg.progress,
-            )
+            rc = RecordConfig(team, conductor, cfg.train_episodes, "train", **cfg.run_options())
             record(rc, out / "record" / f"{team}-{conductor}.jsonl", resume=True, session=session)
     print(f"[2/2] evaluating {len(cfg.conductors)} conductors on {cfg.eval_episodes} held-out tasks per family")
-    ec = EvaluateConfig(
-        teams=cfg.teams,
-        conductors=cfg.conductors,
-        episodes=cfg.eval_episodes,
-        seed=cfg.seed,
-        num_envs=cfg.num_envs,
-        use_cache=cfg.use_cache,
-        cache_path=cfg.cache_path,
-        progress=cfg.progress,
-    )
+    ec = EvaluateConfig(teams=cfg.teams, conductors=cfg.conductors, episodes=cfg.eval_episodes, **cfg.run_options())
     rows, paths = evaluate(ec, out / "eval")
     print()
     print(format_table(rows))

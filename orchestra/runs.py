@@ -181,10 +181,10 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow],
         session = Session(team_name, None, cfg.use_cache, cfg.cache_path)
         for conductor in cfg.conductors:
             rc = RecordConfig(
-                team=team_name,
-                conductor=conductor,
-                episodes=cfg.episodes,
-                split=cfg.split,
+                team_name,
+                conductor,
+                cfg.episodes,
+                cfg.split,
                 seed=cfg.seed,
                 num_envs=cfg.num_envs,
                 use_cache=cfg.use_cache,

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 FinishReason = Literal["stop", "length", "error", "tool"]
+Role = Literal["system", "user", "assistant"]
 
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Role
     content: str
 
 
@@ -87,5 +88,5 @@ def messages_from_dicts(items: Sequence[Mapping[str, str]]) -> tuple[ChatMessage
         role, content = m.get("role"), m.get("content")
         if role not in ("system", "user", "assistant") or not isinstance(content, str):
             raise ValueError(f"message {i}: expected role in system/user/assistant and a string content, got {m!r}")
-        out.append(ChatMessage(role=role, content=content))
+        out.append(ChatMessage(role=cast(Role, role), content=content))
     return tuple(out)

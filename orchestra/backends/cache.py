@@ -1,0 +1,194 @@
+"""A SQLite response cache for greedy (temperature-0) calls, so re-running recorded work is free.
+
+Only temperature-0 requests are cached: their output is a function of (model, prompt, parameters),
+so a hit returns exactly what generation would have produced. Sampled requests are never cached —
+replaying a sample would silently turn a stochastic policy into a deterministic one.
+
+Storage is one table in a SQLite file in WAL mode (https://www.sqlite.org/wal.html): readers never
+block each other nor the writer, so several rollout workers (threads or processes) may share a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from orchestra.backends.base import Backend, Completion, GenerationRequest, Usage
+
+SCHEMA_VERSION = 1  # bump when the key recipe or the stored completion format changes
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    key TEXT PRIMARY KEY,
+    model_id TEXT NOT NULL,
+    completion TEXT NOT NULL,
+    created REAL NOT NULL
+)
+"""
+
+
+def request_key(model_id: str, request: GenerationRequest) -> str:
+    """sha256 of the canonical JSON of (model, messages, parameters, adapter).
+
+    Canonical = sorted keys, no whitespace, UTF-8; the key recipe version is part of the hash so an
+    old file can never answer under a new recipe. The adapter is part of the key because one base
+    model with two LoRA adapters is two policies.
+    """
+    payload = {
+        "v": SCHEMA_VERSION,
+        "model_id": model_id,
+        "messages": [[m.role, m.content] for m in request.messages],
+        "params": request.params.to_dict(),
+        "adapter": request.context.get("adapter"),
+    }
+    blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def completion_to_dict(c: Completion) -> dict[str, Any]:
+    return {
+        "text": c.text,
+        "token_ids": list(c.token_ids),
+        "logprobs": list(c.logprobs),  # json writes repr(float): round-trips exactly
+        "finish_reason": c.finish_reason,
+        "usage": [c.usage.prompt_tokens, c.usage.completion_tokens],
+        "model_id": c.model_id,
+        "metadata": dict(c.metadata),
+    }
+
+
+def completion_from_dict(d: dict[str, Any]) -> Completion:
+    return Completion(
+        text=d["text"],
+        token_ids=tuple(d["token_ids"]),
+        logprobs=tuple(d["logprobs"]),
+        finish_reason=d["finish_reason"],
+        usage=Usage(*d["usage"]),
+        model_id=d["model_id"],
+        metadata=d["metadata"],
+    )
+
+
+class ResponseCache:
+    """SQLite key → completion store. One connection per thread (sqlite3 connections are not shared)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        conn = self._conn()
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_SCHEMA)
+        conn.commit()
+
+    def __repr__(self) -> str:
+        return f"ResponseCache({str(self.path)!r})"
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            # timeout: wait for a concurrent writer's lock instead of failing ("database is locked").
+            conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+            conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    def get(self, key: str) -> Completion | None:
+        row = self._conn().execute("SELECT completion FROM responses WHERE key = ?", (key,)).fetchone()
+        return None if row is None else completion_from_dict(json.loads(row[0]))
+
+    def put(self, key: str, completion: Completion) -> None:
+        conn = self._conn()
+        blob = json.dumps(completion_to_dict(completion), ensure_ascii=False)
+        conn.execute(
+            "INSERT OR REPLACE INTO responses (key, model_id, completion, created) VALUES (?, ?, ?, ?)",
+            (key, completion.model_id, blob, time.time()),
+        )
+        conn.commit()
+
+    def __len__(self) -> int:
+        return int(self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+
+def is_cacheable(request: GenerationRequest) -> bool:
+    """Greedy LLM requests only. Tool requests carry a task the key does not cover: never cached."""
+    return request.params.temperature == 0.0 and "tool" not in request.context
+
+
+class CachedBackend:
+    """Wrap a backend: temperature-0 requests are looked up first; all misses go to ``inner`` in ONE
+    batched call (so batching is preserved), and their completions are stored. Hits come back with
+    ``cached=True``. Completions that finished with ``"error"`` are not stored.
+
+    Counters: ``hits``/``misses`` count cacheable requests; ``bypassed`` counts the others.
+    """
+
+    def __init__(self, inner: Backend, cache: ResponseCache) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.model_id = inner.model_id
+        self.hits = 0
+        self.misses = 0
+        self.bypassed = 0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CachedBackend({self.inner!r}, {self.cache!r})"
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        out: list[Completion | None] = [None] * len(requests)
+        keys: list[str | None] = [None] * len(requests)
+        todo: list[int] = []  # indices sent to the inner backend
+        first_of_key: dict[str, int] = {}  # identical greedy requests in one call are generated once
+        dup_of: dict[int, int] = {}
+        hits = misses = bypassed = 0
+        for i, request in enumerate(requests):
+            if not is_cacheable(request):
+                bypassed += 1
+                todo.append(i)
+                continue
+            key = keys[i] = request_key(self.model_id, request)
+            hit = self.cache.get(key)
+            if hit is not None:
+                hits += 1
+                out[i] = replace(hit, cached=True)
+                continue
+            misses += 1
+            if key in first_of_key:
+                dup_of[i] = first_of_key[key]
+                continue
+            first_of_key[key] = i
+            todo.append(i)
+        if todo:
+            fresh = self.inner.generate([requests[i] for i in todo])
+            for i, completion in zip(todo, fresh, strict=True):
+                out[i] = completion
+                stored_key = keys[i]
+                if stored_key is not None and completion.finish_reason != "error":
+                    self.cache.put(stored_key, completion)
+        for i, j in dup_of.items():
+            out[i] = out[j]
+        with self._lock:
+            self.hits += hits
+            self.misses += misses
+            self.bypassed += bypassed
+        assert all(c is not None for c in out)
+        return [c for c in out if c is not None]

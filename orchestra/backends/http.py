@@ -1,0 +1,235 @@
+"""OpenAI-compatible HTTP backend (vLLM, Ollama, llama.cpp server, hosted APIs).
+
+Protocol: ``POST {base_url}/v1/chat/completions`` as in the OpenAI API reference
+(https://platform.openai.com/docs/api-reference/chat/create), with ``logprobs: true`` so the reply
+carries ``choices[0].logprobs.content[*].logprob`` — the behaviour log-probs phase 2 needs.
+
+Token ids: the OpenAI schema returns token *strings*, not ids. When a server also gives ids (an
+integer ``id``/``token_id`` per entry, as llama.cpp's C++ server does, or ``"token_id:N"`` strings,
+as vLLM does with ``return_tokens_as_token_ids`` — set ``request_token_ids=True`` to ask for it),
+they are returned; otherwise ``token_ids`` is the empty tuple and ``metadata["token_ids"]`` says why
+(the token strings are in ``metadata["tokens"]``). Never re-tokenise the text to fake ids.
+
+Secrets: the API key is read from the environment variable ``api_key_env`` at each request and sent
+as ``Authorization: Bearer``; it is never stored on the object, so ``repr``, pickles, logs and error
+messages cannot contain it (error text is also scrubbed of it, in case a server echoes it back).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from orchestra.backends.base import (
+    BackendError,
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    Usage,
+)
+
+_RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})  # transient per the OpenAI/vLLM docs
+_TOKEN_ID_RE = re.compile(r"^token_id:(\d+)$")
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "eos": "stop", "length": "length", "content_filter": "error"}
+
+
+class OpenAIHTTPBackend:
+    """Complete chats via an OpenAI-compatible server; requests are sent concurrently (servers batch).
+
+    Retries (bounded, exponential backoff ``backoff_s * 2**attempt``, capped at ``max_backoff_s``):
+    connection errors, timeouts, HTTP 408/409/429/5xx. Other 4xx and malformed replies fail at once
+    with :class:`BackendError`. Worst-case wall time of one request is about
+    ``(max_retries + 1) * timeout_s`` plus the backoff sleeps.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "OPENAI_API_KEY",
+        timeout_s: float = 30.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        max_concurrency: int = 8,
+        request_token_ids: bool = False,
+    ) -> None:
+        if max_retries < 0 or timeout_s <= 0 or backoff_s < 0 or max_concurrency < 1:
+            raise BackendError("need max_retries >= 0, timeout_s > 0, backoff_s >= 0, max_concurrency >= 1")
+        base = base_url.rstrip("/")
+        base = base[: -len("/v1")] if base.endswith("/v1") else base
+        self.base_url = base
+        self.url = f"{base}/v1/chat/completions"
+        self.model = model
+        self.api_key_env = api_key_env  # the NAME of the variable; the value is never kept
+        self.timeout_s = float(timeout_s)
+        self.max_retries = int(max_retries)
+        self.backoff_s = float(backoff_s)
+        self.max_backoff_s = float(max_backoff_s)
+        self.max_concurrency = int(max_concurrency)
+        self.request_token_ids = request_token_ids
+        self.model_id = f"http:{model}"
+        self._client = httpx.Client(timeout=httpx.Timeout(self.timeout_s))
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAIHTTPBackend(base_url={self.base_url!r}, model={self.model!r}, "
+            f"api_key_env={self.api_key_env!r}, timeout_s={self.timeout_s}, max_retries={self.max_retries})"
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> OpenAIHTTPBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------------- generate
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        if len(requests) <= 1:
+            return [self._complete(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
+            return list(pool.map(self._complete, requests))
+
+    def payload(self, request: GenerationRequest) -> dict[str, Any]:
+        """The JSON body for one request (public so tests and users can see exactly what is sent)."""
+        p = request.params
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "max_tokens": p.max_tokens,
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "seed": p.seed,
+            "logprobs": True,
+            # top_logprobs=0: the sampled token's log-prob only. llama-cpp-python's server returns
+            # no log-probs at all unless top_logprobs is set (llama_chat_format.py passes
+            # ``logprobs=top_logprobs if logprobs else None``); OpenAI and vLLM accept 0.
+            "top_logprobs": 0,
+            "n": 1,
+        }
+        if p.stop:
+            body["stop"] = list(p.stop)
+        if self.request_token_ids:
+            body["return_tokens_as_token_ids"] = True  # vLLM extension
+        return body
+
+    def _complete(self, request: GenerationRequest) -> Completion:
+        body = self._post(self.payload(request))
+        return self.parse(body)
+
+    def _headers(self) -> dict[str, str]:
+        key = os.environ.get(self.api_key_env, "")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _scrub(self, text: str) -> str:
+        key = os.environ.get(self.api_key_env, "")
+        return text.replace(key, "***") if key else text
+
+    def _post(self, body: dict[str, Any]) -> Any:
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            retry_after = 0.0
+            try:
+                resp = self._client.post(self.url, json=body, headers=self._headers())
+            except (httpx.TransportError, httpx.TimeoutException) as e:  # connect refused, DNS, timeouts
+                last = f"{type(e).__name__}: {e}"
+            else:
+                if resp.status_code == 200:
+                    try:
+                        return resp.json()
+                    except ValueError as e:
+                        raise BackendError(
+                            f"{self.url}: reply is not JSON ({e}): {self._scrub(resp.text[:200])!r}"
+                        ) from None
+                last = f"HTTP {resp.status_code}: {self._scrub(resp.text[:200])!r}"
+                if resp.status_code not in _RETRY_STATUS:
+                    raise BackendError(f"{self.url}: {last}")
+                retry_after = _retry_after_s(resp.headers)
+            if attempt < self.max_retries:
+                delay = min(self.max_backoff_s, max(retry_after, self.backoff_s * 2**attempt))
+                time.sleep(delay)
+        raise BackendError(f"{self.url}: failed after {self.max_retries + 1} attempts; last error: {last}")
+
+    # ------------------------------------------------------------------------------------------ parse
+    def parse(self, body: Any) -> Completion:
+        """Turn a chat-completions reply into a :class:`Completion`; a malformed reply raises
+        :class:`BackendError` naming the offending field (e.g. ``choices[0].message.content``)."""
+        choices = _get(body, "choices", list, "")
+        if not choices:
+            raise BackendError(f"{self.url}: malformed reply: field 'choices' is empty")
+        choice = _get(choices, 0, dict, "choices")
+        message = _get(choice, "message", dict, "choices[0]")
+        content = _get(message, "content", (str, type(None)), "choices[0].message")
+        raw_finish = _get(choice, "finish_reason", (str, type(None)), "choices[0]")
+        usage = _get(body, "usage", dict, "")
+        prompt_tokens = _get(usage, "prompt_tokens", int, "usage")
+        completion_tokens = _get(usage, "completion_tokens", int, "usage")
+        metadata: dict[str, Any] = {}
+        finish: FinishReason = _FINISH.get(raw_finish or "stop", "stop")
+        if raw_finish not in _FINISH:
+            metadata["server_finish_reason"] = raw_finish
+        token_ids: tuple[int, ...] = ()
+        logprobs: tuple[float, ...] = ()
+        lp = choice.get("logprobs")
+        if lp is None:
+            metadata["logprobs"] = "not returned by the server"
+        else:
+            entries = _get(lp, "content", (list, type(None)), "choices[0].logprobs") or []
+            values, ids, tokens = [], [], []
+            for k, entry in enumerate(entries):
+                where = f"choices[0].logprobs.content[{k}]"
+                if not isinstance(entry, dict):
+                    raise BackendError(f"{self.url}: malformed reply: field {where!r} is not an object")
+                value = _get(entry, "logprob", (int, float), where)
+                values.append(float(value))
+                token = entry.get("token")
+                tokens.append(token if isinstance(token, str) else "")
+                tid = entry.get("id", entry.get("token_id"))
+                match = _TOKEN_ID_RE.match(token) if isinstance(token, str) else None
+                if isinstance(tid, int) and not isinstance(tid, bool):
+                    ids.append(tid)
+                elif match:
+                    ids.append(int(match.group(1)))
+            logprobs = tuple(values)
+            if ids and len(ids) == len(values):
+                token_ids = tuple(ids)
+            else:
+                metadata["token_ids"] = "unavailable: the server returned token strings only"
+                metadata["tokens"] = tuple(tokens)
+        return Completion(
+            text=content or "",
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            usage=Usage(prompt_tokens, completion_tokens),
+            model_id=self.model_id,
+            metadata=metadata,
+        )
+
+
+def _get(obj: Any, key: str | int, kind: type | tuple[type, ...], where: str) -> Any:
+    """``obj[key]`` checked against ``kind``; else a BackendError naming the dotted field path."""
+    name = f"{where}[{key}]" if isinstance(key, int) else (f"{where}.{key}" if where else key)
+    try:
+        value = obj[key]
+    except (KeyError, IndexError, TypeError):
+        raise BackendError(f"malformed reply: field {name!r} is missing") from None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise BackendError(f"malformed reply: field {name!r} has type {type(value).__name__}")
+    return value
+
+
+def _retry_after_s(headers: Mapping[str, str]) -> float:
+    try:
+        return max(0.0, float(headers.get("retry-after", "0")))
+    except ValueError:
+        return 0.0
