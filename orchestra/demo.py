@@ -14,10 +14,10 @@ from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, form
 
 @dataclass
 class DemoConfig:
-    teams: list[str] = field(default_factory=lambda: ["arithmetic", "logic_grid"])  # built-in teams
+    teams: list[str] = field(default_factory=lambda: ["arithmetic", "blocksworld"])  # built-in teams
     conductors: list[str] = field(default_factory=lambda: ["round_robin", "random", "pipeline", "heuristic"])
-    train_episodes: int = 6  # recorded training-split episodes per team and conductor
-    eval_episodes: int = 24  # held-out episodes per team and conductor
+    train_episodes: int = 4  # recorded training-split episodes per team and conductor
+    eval_episodes: int = 16  # held-out episodes per team and conductor
     seed: int = 0
     num_envs: int = 8
     use_cache: bool = True

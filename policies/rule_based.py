@@ -4,7 +4,8 @@
   (AutoGen GroupChat "round_robin").
 * ``random`` — uniform over the legal actions (submit included once a candidate exists).
 * ``pipeline`` — a fixed SOP, e.g. ``solver:solve → calculator:check``, then submit (MetaGPT-style).
-* ``heuristic`` — rules over the structured state: solve, check the new candidate with a tool, on a
+* ``heuristic`` — rules over the structured state: start (e.g. a tool that may settle the task, or the
+  solver), fall back to an LLM when the start produced no answer, check the new candidate with a tool, on a
   FAIL (or a check the tool could not do) hand back to the reviser with the revise instruction, on a
   PASS submit, submit after ``max_revisions`` failures or when out of turns.
 """
@@ -112,6 +113,10 @@ class HeuristicRules:
     check: str | None = None  # tool that checks a fresh candidate, e.g. "calculator:check"
     revise: str | None = None  # who revises after a FAIL, e.g. "solver:revise"
     max_revisions: int = 2  # give up and submit after this many FAILs
+    # when ``start`` has spoken but produced no candidate (a tool said N/A, an LLM gave no readable
+    # answer): who goes next, e.g. "planner:solve" after a short-range planner declined; default:
+    # ``revise`` (a greedy LLM asked the same thing again says the same thing)
+    fallback: str | None = None
 
 
 class HeuristicConductor:
@@ -123,6 +128,8 @@ class HeuristicConductor:
         self._check = parse_label(config, rules.check, "heuristic.check") if rules.check else None
         self._revise = parse_label(config, rules.revise, "heuristic.revise") if rules.revise else None
         self._check_worker = config.decode_action(self._check)[0] if self._check is not None else None
+        fallback = rules.fallback or rules.revise
+        self._fallback = parse_label(config, fallback, "heuristic.fallback") if fallback else None
 
     def reset(self, seed: int | None = None) -> None:
         pass
@@ -133,7 +140,9 @@ class HeuristicConductor:
         flags = state.get("flags") or derive_flags(state)
         turns_left = int(state["max_turns"]) - int(state["turn"])
         if not flags["has_candidate"]:
-            return self._start if action_mask[self._start] else first_legal(action_mask)
+            started = any(m.get("worker") == self.config.decode_action(self._start)[0] for m in state["transcript"])
+            a = self._fallback if started and self._fallback is not None else self._start
+            return a if action_mask[a] else first_legal(action_mask)
         if turns_left <= 0:
             return _submit_or(action_mask, self.config, self._start)
         last = state["transcript"][-1]
