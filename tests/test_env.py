@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -153,3 +155,13 @@ def test_observation_is_a_function_of_the_structured_state() -> None:
     assert vec[names.index("has_candidate")] == 1.0
     assert vec[names.index("last_worker_solver")] == 1.0
     assert vec[names.index("turn_frac")] == pytest.approx(1 / 5)
+
+
+def test_pettingzoo_api_and_seed_on_a_users_jsonl_family(tmp_path: Path) -> None:
+    data = tmp_path / "qa.jsonl"
+    rows = [{"question": f"What is {i} + {2 * i}?", "answer": str(3 * i)} for i in range(1, 41)]
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    family = get_family("jsonl", path=str(data))
+    cfg = dataclasses.replace(load_team("arithmetic").env, embedder="hash")
+    api_test(TeamEnv(cfg, family), num_cycles=30)
+    seed_test(lambda: TeamEnv(cfg, family), num_cycles=20)

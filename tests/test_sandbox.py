@@ -51,19 +51,18 @@ def test_errors_and_output_limit() -> None:
 
 
 def test_fork_bomb_is_refused() -> None:
-    start = time.monotonic()
     r = run_python("import os\nwhile True:\n    os.fork()\n")
     assert not r.ok and "PermissionError: sandbox: os.fork is not allowed" in r.stderr
     sub = run_python("import subprocess\nsubprocess.run(['true'])\n")
     assert not sub.ok and "PermissionError" in sub.stderr
-    assert time.monotonic() - start < 5
+    assert not r.timed_out and not sub.timed_out  # refused at once, not stopped by the wall clock
 
 
 @pytest.mark.skipif("nproc" not in MECH, reason="RLIMIT_NPROC not applicable here")
 def test_fork_bomb_is_refused_by_the_os_layer_alone() -> None:
     r = run_python("import os\nwhile True:\n    os.fork()\n", audit_hook=False)
     assert not r.ok and "BlockingIOError" in r.stderr, r.stderr
-    assert r.duration_s < 5
+    assert not r.timed_out  # the process limit stopped it, not the wall clock
 
 
 @pytest.mark.skipif("uid" not in MECH, reason="needs root to run the code under a fresh uid")
