@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conductor", action="append", required=True, help="conductor (repeat)")
     p.add_argument("--episodes", type=int, default=20, help="held-out tasks per family")
     p.add_argument("--split", default="test", choices=["train", "test"], help="split to evaluate on")
-    p.add_argument("--out", required=True, help="run directory (results.csv, results.md, success.png, episodes/)")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="run directory (results.csv, results.md, success.png, episodes/); an existing one is continued (its recorded episodes are reused)",
+    )
     _common(p)
 
     p = sub.add_parser("trajectories", help="inspect and export trajectory files", epilog=EPILOG)
