@@ -97,8 +97,8 @@ def test_escaped_children_are_killed() -> None:
 
 def test_infinite_loop_hits_the_cpu_limit() -> None:
     r = run_python("while True:\n    pass\n", cpu_seconds=1, wall_seconds=10)
+    # killed by the 1 s CPU limit, not by the 10 s wall clock
     assert not r.ok and not r.timed_out and r.killed_reason == "CPU time limit"
-    assert r.duration_s < 4
 
 
 def test_sleeping_forever_hits_the_wall_clock_limit() -> None:
@@ -112,10 +112,19 @@ def test_huge_allocation_hits_the_memory_limit() -> None:
     assert not r.ok and r.killed_reason == "memory limit" and "allocated" not in r.stdout
 
 
-@pytest.mark.parametrize("audit", [True, False])
+@pytest.mark.parametrize(
+    "audit",
+    [
+        True,
+        pytest.param(
+            False,
+            marks=pytest.mark.skipif(
+                "uid" not in MECH, reason="without a uid switch only the audit hook confines writes"
+            ),
+        ),
+    ],
+)
 def test_write_outside_the_temp_dir_is_refused(tmp_path: Path, audit: bool) -> None:
-    if not audit and "uid" not in MECH:
-        pytest.skip("without a uid switch only the audit hook confines writes")
     target = tmp_path / "escape.txt"
     r = run_python(f"open({str(target)!r}, 'w').write('pwned')\n", audit_hook=audit)
     assert not r.ok and "PermissionError" in r.stderr, r.stderr

@@ -381,9 +381,8 @@ def test_trajectories_imports_nothing_of_ours_nor_heavy_libraries() -> None:
     assert not loaded & {"envs", "policies", "orchestra", "pyarrow", "pandas", "datasets", "numpy"}
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="flock is POSIX-only")
 def test_second_writer_on_the_same_file_is_refused(tmp_path: Path) -> None:
-    if sys.platform == "win32":
-        pytest.skip("flock is POSIX-only")
     path = tmp_path / "t.jsonl"
     with TrajectoryWriter(path) as writer:
         writer.write(make_episode("a"))
@@ -467,6 +466,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL/SIGSTOP are POSIX-only")
 @pytest.mark.parametrize("cut", ["mid_line", "between_lines"])
 def test_sigkill_mid_run_then_resume_gives_a_valid_file_without_duplicates(tmp_path: Path, cut: str) -> None:
     """A real writer process is SIGKILLed (a) in the middle of writing a line, (b) between lines.
@@ -474,8 +474,6 @@ def test_sigkill_mid_run_then_resume_gives_a_valid_file_without_duplicates(tmp_p
     The child is SIGSTOPped first and killed only once the file is in the wanted state, so the
     test is deterministic; otherwise it is resumed (SIGCONT) and tried again.
     """
-    if sys.platform == "win32":
-        pytest.skip("SIGKILL/SIGSTOP are POSIX-only")
     out = tmp_path / "run" / "traj.jsonl"
     template = make_episode(text="z" * 100_000).to_dict()  # ~25 slow chunks per line
     (tmp_path / "template.json").write_text(json.dumps(template))
