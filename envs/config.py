@@ -89,6 +89,10 @@ class TeamEnvConfig:
         if self.recent_messages < 0:
             raise ValueError("recent_messages: must be >= 0")
 
+    def scalarise(self, vector: Mapping[str, float]) -> float:
+        """The scalar reward: the weighted sum of the named components."""
+        return float(sum(self.reward_weights.get(k, 0.0) * v for k, v in vector.items()))
+
     @property
     def worker_names(self) -> tuple[str, ...]:
         return tuple(w.name for w in self.workers)

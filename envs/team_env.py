@@ -3,15 +3,17 @@
 Agents are ``["conductor", *workers]``. The conductor acts first and after every worker turn. Its
 action is ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits
 the current candidate answer; its observation is ``{"observation": float32 vector, "action_mask": int8}``
-(layout in ``envs.observation``). A worker's observation is the chat it may see (role prompt + the
-visible part of the transcript + the conductor's instruction), as ``{"chat": [...]}``, and its action is its message text —
-the env holds no LLM (DESIGN §2): the rollout engine generates the text and passes it in.
+(layout in ``envs.observation``). A worker's observation is the chat it may see (role prompt, the
+conductor's instruction, the task and the visible part of the transcript), as ``{"chat": [...]}``;
+its action is its message text — the env holds no LLM (DESIGN §2): the rollout engine generates the
+text and passes it in.
 
 Ends: submitting → ``terminations`` (the verifier scores the candidate). The turn budget counts
 worker turns: once it is spent, submit is the only legal action if a candidate answer exists, and the
-episode is truncated (``truncations``, nothing submitted) if none does. Rewards are a named vector per step (``envs.config``), scalarised
-by the team's weights; every agent receives the scalar (the team is cooperative) and the named vector
-is in ``infos[agent]["reward_vector"]`` and ``env.step_reward_vector``.
+episode is truncated (``truncations``, nothing submitted) if none does. Rewards are a named vector
+per step (``envs.config``), scalarised by the team's weights; every agent receives the scalar (the
+team is cooperative) and the named vector is in ``infos[agent]["reward_vector"]`` and
+``env.step_reward_vector``.
 """
 
 from __future__ import annotations
@@ -139,6 +141,9 @@ class TeamEnv(AECEnv):
         state["flags"] = derive_flags(state)
         return state
 
+    def _has_candidate(self) -> bool:
+        return bool(derive_flags({"transcript": self.transcript})["has_candidate"])
+
     def action_mask(self) -> np.ndarray:
         mask = np.zeros(self.config.num_actions, dtype=np.int8)
         if self.agents and self.agent_selection == CONDUCTOR and self.pending is None:
@@ -146,7 +151,7 @@ class TeamEnv(AECEnv):
                 for w in self.config.workers:
                     for ins in w.instructions:
                         mask[self.config.action_id(w.name, ins)] = 1
-            if derive_flags({"transcript": self.transcript})["has_candidate"]:
+            if self._has_candidate():
                 mask[self.config.submit_action] = 1
         return mask
 
@@ -202,7 +207,7 @@ class TeamEnv(AECEnv):
             self._conductor_step(int(action), vec)
         else:
             self._worker_step(agent, action, vec)
-        scalar = float(sum(self.config.reward_weights.get(k, 0.0) * v for k, v in vec.items()))
+        scalar = self.config.scalarise(vec)
         self.step_reward_vector = vec
         self.rewards = dict.fromkeys(self.agents, scalar)
         self._obs_cache = None
@@ -221,9 +226,8 @@ class TeamEnv(AECEnv):
                 f"conductor action {action} ({self.config.action_label(action)}) is masked; legal: {legal}"
             )
         if action == self.config.submit_action:
-            flags = derive_flags({"transcript": self.transcript})
             assert self.task is not None
-            text = self.transcript[flags["candidate_index"]]["text"]
+            text = self.transcript[derive_flags({"transcript": self.transcript})["candidate_index"]]["text"]
             self.final_verdict = self.family.verify(self.task, text)
             vec["success"] = float(self.final_verdict.score)
             self.terminations = dict.fromkeys(self.agents, True)
@@ -264,14 +268,14 @@ class TeamEnv(AECEnv):
             }
         )
         vec["token_cost"] = -tokens / 100.0
-        if verdict in ("pass", "fail") and derive_flags({"transcript": self.transcript})["has_candidate"]:
+        if verdict in ("pass", "fail") and self._has_candidate():
             vec["progress"] = 1.0 if verdict == "pass" else -1.0
         if w.proposes_answer and w.kind == "llm" and answer is None:
             vec["format"] = -1.0
         self.pending = None
         self.turn += 1
         self.agent_selection = CONDUCTOR
-        if self.turn >= self.config.max_turns and not derive_flags({"transcript": self.transcript})["has_candidate"]:
+        if self.turn >= self.config.max_turns and not self._has_candidate():
             # the budget is spent and there is nothing to submit; with a candidate the conductor
             # gets one last decision, in which submit is the only legal action
             self.truncations = dict.fromkeys(self.agents, True)

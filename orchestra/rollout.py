@@ -246,7 +246,7 @@ class RolloutEngine:
         assert p is not None
         env = s.env
         vec = {k: float(v) for k, v in p["vec"].items()}
-        scalar = float(sum(env.config.reward_weights.get(k, 0.0) * v for k, v in vec.items()))
+        scalar = env.config.scalarise(vec)
         s.steps.append(
             Step(
                 t=p["t"],

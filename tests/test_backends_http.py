@@ -84,14 +84,14 @@ def test_real_server_chat_completion(llama_server: str) -> None:
 
 
 # ----------------------------------------------------------------------------- failure modes
-def test_refused_connection_fails_after_bounded_retries() -> None:
+def test_refused_connection_fails_after_bounded_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()  # bound then closed: nothing listens there
     backend = OpenAIHTTPBackend(f"http://127.0.0.1:{port}", model="m", max_retries=2, backoff_s=0.05, timeout_s=2)
-    t0 = time.monotonic()
+    sleeps: list[float] = []
+    monkeypatch.setattr("orchestra.backends.http.time.sleep", sleeps.append)
     with pytest.raises(BackendError, match=r"failed after 3 attempts.*Connect"):
         backend.generate([chat("hi")])
-    elapsed = time.monotonic() - t0
-    assert elapsed >= 0.05 + 0.1  # two backoff sleeps happened, then it gave up (bounded: it returned)
+    assert sleeps == [0.05, 0.1]  # exponential backoff between the 3 attempts, then it gave up
 
 
 @pytest.fixture
@@ -121,15 +121,15 @@ def silent_server() -> Iterator[int]:
     srv.close()
 
 
-def test_timeout_fails_within_timeout_times_attempts(silent_server: int) -> None:
+def test_timeout_fails_within_timeout_times_attempts(silent_server: int, monkeypatch: pytest.MonkeyPatch) -> None:
     backend = OpenAIHTTPBackend(
         f"http://127.0.0.1:{silent_server}", model="m", timeout_s=0.3, max_retries=1, backoff_s=0.05
     )
-    t0 = time.monotonic()
+    sleeps: list[float] = []
+    monkeypatch.setattr("orchestra.backends.http.time.sleep", sleeps.append)
     with pytest.raises(BackendError, match=r"failed after 2 attempts.*Timeout"):
         backend.generate([chat("hi")])
-    elapsed = time.monotonic() - t0
-    assert elapsed >= 0.6  # 2 attempts waited their 0.3 s timeout each, then it gave up
+    assert sleeps == [0.05]  # both attempts timed out (the server never answers), one backoff between
 
 
 class Scripted:
