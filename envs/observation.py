@@ -116,6 +116,27 @@ class ObservationEncoder:
     def feature_names(self) -> list[str]:
         return list(self._names)
 
+    def legal_mask(self, observations: np.ndarray) -> np.ndarray:
+        """The env's action mask recovered from observation vectors, shape (B, num_actions) int8.
+
+        The mask is a function of the state (worker actions while turns are left; submit once a
+        candidate exists), and both facts are features, so a learned policy evaluated on logged
+        next-observations (FQE targets, d3rlpy) can respect it without the env.
+        """
+        obs = np.atleast_2d(np.asarray(observations, dtype=np.float32))
+        c = self.config
+        turns_left = obs[:, self._names.index("turns_left_frac")] > 1e-6
+        has_cand = obs[:, self._names.index("has_candidate")] > 0.5
+        mask = np.zeros((obs.shape[0], c.num_actions), dtype=np.int8)
+        mask[:, : c.submit_action] = turns_left[:, None]
+        for a in range(c.submit_action):  # only the (worker, instruction) pairs the team declares
+            worker, instruction = c.decode_action(a)
+            spec = next(w for w in c.workers if w.name == worker)
+            if instruction not in spec.instructions:
+                mask[:, a] = 0
+        mask[:, c.submit_action] = has_cand
+        return mask
+
     @property
     def size(self) -> int:
         return len(self._names)

@@ -35,7 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("record", help="record trajectories of a team under a conductor", epilog=EPILOG)
     p.add_argument("--team", required=True, help="built-in team name (see `orchestra teams`) or a team YAML file")
-    p.add_argument("--conductor", required=True, help="round_robin | random | pipeline | heuristic | human | llm")
+    p.add_argument(
+        "--conductor",
+        required=True,
+        help="round_robin | random | pipeline | heuristic | human | llm | LABEL:CHECKPOINT; "
+        "several, comma-separated, each run on the same tasks (mixed-source data)",
+    )
+    p.add_argument(
+        "--epsilon",
+        type=float,
+        default=0.0,
+        help="ε-random exploration: share of decisions replaced by a random legal action (recorded as NAME+epsE)",
+    )
     p.add_argument(
         "--family", default=None, help="task family (default: the team's) or a .jsonl file of question/answer"
     )
@@ -48,7 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("evaluate", help="compare conductors on the same held-out tasks", epilog=EPILOG)
     p.add_argument("--team", action="append", required=True, help="team (repeat: one per task family)")
-    p.add_argument("--conductor", action="append", required=True, help="conductor (repeat)")
+    p.add_argument(
+        "--conductor",
+        action="append",
+        required=True,
+        help="conductor NAME or LABEL:CHECKPOINT of a learned one (repeat; all run on the same tasks and seeds)",
+    )
     p.add_argument("--episodes", type=int, default=20, help="held-out tasks per family")
     p.add_argument("--split", default="test", choices=["train", "test"], help="split to evaluate on")
     p.add_argument(
@@ -106,6 +122,7 @@ def _cmd_record(a: argparse.Namespace) -> int:
         split=a.split,
         family=a.family,
         difficulty=a.difficulty,
+        epsilon=a.epsilon,
         **_run_options(a),
     )
     res = record(cfg, a.out, resume=a.resume)

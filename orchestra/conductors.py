@@ -1,5 +1,6 @@
-"""The one registry of conductor names for the CLI: rule-based ones from ``policies`` plus the LLM
-speaker-selector (which needs a backend, so it lives here)."""
+"""The one registry of conductor names for the CLI: rule-based ones from ``policies``, the LLM
+speaker-selector (which needs a backend, so it lives here), and learned conductors given as
+``LABEL:CHECKPOINT`` (a folder written by ``orchestra train`` or ``orchestra finetune-conductor``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ from policies import (
 CONDUCTOR_NAMES = ("round_robin", "random", "pipeline", "heuristic", "human", "llm")
 
 
+def split_spec(spec: str) -> tuple[str, str | None]:
+    """``"cql:runs/x/cql"`` → ("cql", "runs/x/cql"); ``"heuristic"`` → ("heuristic", None)."""
+    label, sep, checkpoint = spec.partition(":")
+    label = label.strip()
+    if not label:
+        raise PolicyError(f"conductor {spec!r}: give a name before ':' (NAME[:CHECKPOINT])")
+    if sep and not checkpoint.strip():
+        raise PolicyError(f"conductor {spec!r}: give a checkpoint folder after ':'")
+    return label, (checkpoint.strip() if sep else None)
+
+
 def _options(team: TeamSpec, name: str) -> dict[str, Any]:
     return dict(team.conductors.get(name, {}))
 
@@ -31,8 +43,17 @@ def _options(team: TeamSpec, name: str) -> dict[str, Any]:
 def conductor_factory(
     name: str, team: TeamSpec, seed: int = 0, backends: dict[str, Backend] | None = None
 ) -> Callable[[], ConductorPolicy]:
-    """A zero-argument constructor of fresh conductor instances (one per env slot and episode)."""
+    """A zero-argument constructor of fresh conductor instances (one per env slot and episode).
+
+    ``name`` is a registered name or ``LABEL:CHECKPOINT`` for a learned conductor."""
     cfg = team.env
+    label, checkpoint = split_spec(name)
+    if checkpoint is not None:
+        from envs.observation import ObservationEncoder
+        from policies.checkpoint import load_conductor
+
+        learned = load_conductor(checkpoint, cfg, ObservationEncoder(cfg), name=label)
+        return lambda: learned  # learned conductors are stateless between decisions
     opts = _options(team, name)
     where = f"{team.path}: conductors.{name}"
     try:

@@ -79,6 +79,11 @@ class RolloutStats:
     cache_hits: int = 0
     wall_s: float = 0.0
 
+    def merge(self, other: RolloutStats) -> None:
+        """Add another engine's counts (several conductors in one recording)."""
+        for k in ("episodes", "tokens", "generated_tokens", "llm_calls", "cache_hits", "wall_s"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+
     def as_metrics(self) -> dict[str, float]:
         w = max(self.wall_s, 1e-9)
         return {

@@ -8,18 +8,21 @@ import hashlib
 import json
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from envs.tasks.base import Split, TaskFamily
 from envs.tasks.registry import get_family
-from orchestra.conductors import conductor_factory
-from orchestra.evaluate import ResultRow, format_table, summarize, write_report
-from orchestra.rollout import RolloutEngine, episode_metrics, plan_jobs
+from orchestra.conductors import conductor_factory, split_spec
+from orchestra.evaluate import ResultRow, evaluation_report, format_table
+from orchestra.rollout import RolloutEngine, RolloutStats, episode_metrics, plan_jobs
 from orchestra.team import TeamSpec, load_team
 from orchestra.workers import Worker, build_workers
+from policies.base import ConductorPolicy
+from policies.exploration import EpsilonGreedyConductor, exploring_name
 from trajectories import Episode, TrajectoryWriter, read_trajectories
 
 
@@ -28,7 +31,7 @@ class RecordConfig:
     """Resolved settings of one recording; written to the run directory."""
 
     team: str  # built-in team name or team file path
-    conductor: str  # conductor name (see ``orchestra.conductors``)
+    conductor: str  # conductor NAME[:CHECKPOINT]; several, comma-separated, each run on the same tasks
     episodes: int = 20  # episodes to record
     split: str = "train"  # task split: train or test
     family: str | None = None  # task family (default: the team's)
@@ -38,6 +41,13 @@ class RecordConfig:
     use_cache: bool = True  # response cache for temperature-0 calls
     cache_path: str | None = None  # default: $ORCHESTRA_CACHE_DIR/responses.sqlite
     progress: bool = True  # progress bar on stderr
+    epsilon: float = 0.0  # ε-random exploration: share of decisions replaced by a random legal action
+
+    def conductor_specs(self) -> list[str]:
+        specs = [c.strip() for c in self.conductor.split(",") if c.strip()]
+        if not specs:
+            raise ValueError("--conductor: name at least one conductor")
+        return specs
 
 
 @dataclass
@@ -128,6 +138,10 @@ def _episode_row(e: Episode) -> dict[str, Any]:
     }
 
 
+def _exploring(base: Callable[[], ConductorPolicy], epsilon: float, seed: int) -> ConductorPolicy:
+    return EpsilonGreedyConductor(base(), epsilon, seed)
+
+
 def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Session | None = None) -> RecordResult:
     """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly."""
     traj_path, run_dir = run_paths(out)
@@ -137,24 +151,39 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
         raise ValueError(f"--split: expected train or test, got {cfg.split!r}")
     split: Split = cfg.split  # type: ignore[assignment]
     tasks = family.generate(split, cfg.episodes, cfg.seed, cfg.difficulty)
-    run_id = _run_id(team.name, cfg.conductor, family.name, cfg.split, cfg.seed, cfg.difficulty)
-    jobs = plan_jobs(tasks, cfg.seed, f"{team.name}-{cfg.conductor}-{cfg.split}-s{cfg.seed}")
+    specs = cfg.conductor_specs()
+    episodes: list[Episode] = []
+    skipped = 0
+    stats = RolloutStats()
     with TrajectoryWriter(traj_path, resume=resume) as writer:
-        todo = [j for j in jobs if j.episode_id not in writer.done_ids]
-        skipped = len(jobs) - len(todo)
-        _write_config(run_dir, {**cfg.__dict__, "run_id": run_id, "resume": resume}, team)
-        engine = RolloutEngine(
-            team,
-            family,
-            session.workers,
-            conductor_factory(cfg.conductor, team, cfg.seed, session.backends()),
-            conductor_name=cfg.conductor,
-            run_id=run_id,
-            num_envs=cfg.num_envs,
-            progress=cfg.progress,
-        )
-        episodes = engine.run(todo, writer=writer, on_episode=lambda e: _append_metrics(run_dir, [_episode_row(e)]))
-    metrics = {**engine.stats.as_metrics(), **episode_metrics(episodes)}
+        _write_config(run_dir, {**cfg.__dict__, "resume": resume}, team)
+        for spec in specs:
+            label, checkpoint = split_spec(spec)
+            name = exploring_name(label, cfg.epsilon)
+            run_id = _run_id(team.name, name, family.name, cfg.split, cfg.seed, cfg.difficulty)
+            jobs = plan_jobs(tasks, cfg.seed, f"{team.name}-{name}-{cfg.split}-s{cfg.seed}")
+            todo = [j for j in jobs if j.episode_id not in writer.done_ids]
+            skipped += len(jobs) - len(todo)
+            base = conductor_factory(spec, team, cfg.seed, session.backends())
+            factory = base
+            if cfg.epsilon > 0:
+                factory = partial(_exploring, base, cfg.epsilon, cfg.seed)
+            engine = RolloutEngine(
+                team,
+                family,
+                session.workers,
+                factory,
+                conductor_name=name,
+                conductor_checkpoint=checkpoint,
+                run_id=run_id,
+                num_envs=cfg.num_envs,
+                progress=cfg.progress,
+            )
+            episodes += engine.run(
+                todo, writer=writer, on_episode=lambda e: _append_metrics(run_dir, [_episode_row(e)])
+            )
+            stats.merge(engine.stats)
+    metrics = {**stats.as_metrics(), **episode_metrics(episodes)}
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return RecordResult(traj_path, run_dir, episodes, skipped, metrics)
 
@@ -162,7 +191,9 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
 @dataclass
 class EvaluateConfig:
     teams: list[str]  # one team per task family (built-in names or files)
-    conductors: list[str]  # conductor names, all run on the same tasks and seeds
+    # conductor NAME or LABEL:CHECKPOINT, all run on the same tasks and seeds; "{team}" in a checkpoint
+    # path is replaced by each team's name (learned conductors are trained per team)
+    conductors: list[str]
     episodes: int = 20  # held-out tasks per family
     split: str = "test"  # the held-out split
     seed: int = 0
@@ -179,7 +210,8 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow],
     all_eps: list[Episode] = []
     for team_name in cfg.teams:
         session = Session(team_name, None, cfg.use_cache, cfg.cache_path)
-        for conductor in cfg.conductors:
+        for spec in cfg.conductors:
+            conductor = spec.replace("{team}", session.team.name)
             rc = RecordConfig(
                 team_name,
                 conductor,
@@ -191,10 +223,10 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow],
                 cache_path=cfg.cache_path,
                 progress=cfg.progress,
             )
-            res = record(rc, out / "episodes" / f"{session.team.name}-{conductor}.jsonl", resume=True, session=session)
+            label, _ = split_spec(conductor)
+            res = record(rc, out / "episodes" / f"{session.team.name}-{label}.jsonl", resume=True, session=session)
             all_eps.extend(read_trajectories(res.trajectories).episodes)
-    rows = summarize(all_eps)
-    paths = write_report(rows, out)
+    rows, _paired, paths = evaluation_report(all_eps, out)
     (out / "config.json").write_text(json.dumps(cfg.__dict__, indent=2), encoding="utf-8")
     return rows, paths
 

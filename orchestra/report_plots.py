@@ -1,0 +1,128 @@
+"""PNG figures of an evaluation report (matplotlib, Agg backend, no display needed).
+
+* ``success.png`` — success rate per conductor within each family, 95% bootstrap CI error bars;
+* ``cost.png`` — success vs cost: one panel per family, x = mean tokens per episode, y = success
+  rate, one marker per conductor (circles rule-based, diamonds learned), CI error bars on both axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # evaluate imports this module; the row type is only needed for annotations
+    from orchestra.evaluate import ResultRow
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _colours(conductors: Sequence[str]) -> dict[str, Any]:
+    """One stable colour per conductor across every figure of a report."""
+    plt = _pyplot()
+    cmap = plt.get_cmap("tab10" if len(conductors) <= 10 else "tab20")
+    return {c: cmap(i % cmap.N) for i, c in enumerate(conductors)}
+
+
+def _err(centre: float, lo: float, hi: float, scale: float = 1.0) -> tuple[float, float]:
+    """Asymmetric error-bar lengths; a percentile interval need not contain the point estimate, and
+    matplotlib refuses negative lengths, hence the clip."""
+    if np.isnan(lo) or np.isnan(hi):
+        return (0.0, 0.0)
+    return (max(0.0, scale * (centre - lo)), max(0.0, scale * (hi - centre)))
+
+
+def plot_success(rows: Sequence[ResultRow], path: Path, title: str) -> None:
+    """Grouped bars: success rate per conductor within each family, with 95% bootstrap CI error bars."""
+    plt = _pyplot()
+    families = sorted({r.family for r in rows})
+    conductors = sorted({r.conductor for r in rows})
+    colours = _colours(conductors)
+    by = {(r.family, r.conductor): r for r in rows}
+    width = 0.8 / max(len(conductors), 1)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(families) + 2), 3.8))
+    x = np.arange(len(families))
+    for j, c in enumerate(conductors):
+        vals, lo, hi = [], [], []
+        for fam in families:
+            r = by.get((fam, c))
+            v = r.success_rate if r else float("nan")  # a conductor absent from a family: no bar
+            e = _err(v, r.ci_low, r.ci_high, 100.0) if r else (0.0, 0.0)
+            vals.append(100 * v)
+            lo.append(e[0])
+            hi.append(e[1])
+        ax.bar(
+            x + (j - (len(conductors) - 1) / 2) * width,
+            vals,
+            width,
+            yerr=[lo, hi],
+            capsize=3,
+            label=c,
+            color=colours[c],
+        )
+    ax.set_xticks(x, families)
+    ax.set_ylabel("success rate (%)")
+    ax.set_ylim(0, 118)  # headroom for the legend above 100%
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=min(len(conductors), 4), loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_cost(rows: Sequence[ResultRow], path: Path, title: str) -> None:
+    """Success vs cost: a panel per family, mean tokens per episode against success rate (95% CIs)."""
+    plt = _pyplot()
+    families = sorted({r.family for r in rows}) or ["(no episodes)"]
+    conductors = sorted({r.conductor for r in rows})
+    colours = _colours(conductors)
+    fig, axes = plt.subplots(1, len(families), figsize=(4.2 * len(families) + 1.2, 3.8), squeeze=False)
+    for ax, fam in zip(axes[0], families, strict=True):
+        for r in (r for r in rows if r.family == fam):
+            ax.errorbar(
+                r.mean_tokens,
+                100 * r.success_rate,
+                xerr=np.array(_err(r.mean_tokens, r.tokens_ci_low, r.tokens_ci_high)).reshape(2, 1),
+                yerr=np.array(_err(r.success_rate, r.ci_low, r.ci_high, 100.0)).reshape(2, 1),
+                fmt="o" if r.rule_based else "D",
+                markersize=7,
+                capsize=3,
+                color=colours[r.conductor],
+                label=r.conductor,
+            )
+            ax.annotate(
+                r.conductor,
+                (r.mean_tokens, 100 * r.success_rate),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
+        ax.set_title(fam)
+        ax.set_xlabel("mean tokens per episode")
+        ax.set_ylim(-2, 105)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("success rate (%)")
+    handles, labels = [], []
+    for ax in axes[0]:  # one legend entry per conductor, whichever panel it appears in
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        fig.legend(handles, labels, fontsize=8, loc="center right")
+    fig.suptitle(f"{title}: success vs cost (circles rule-based, diamonds learned)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth() if handles else 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["plot_cost", "plot_success"]

@@ -1,0 +1,447 @@
+"""Offline conductor learning with d3rlpy: DiscreteBC, filtered BC, DiscreteBCQ, DiscreteCQL, and
+off-policy evaluation with DiscreteFQE. The algorithms are d3rlpy's own; this module builds them from
+a typed config, trains them on a :class:`~policies.dataset.ConductorDataset`, and wraps the result as
+a conductor that respects the action mask.
+
+Masking. d3rlpy's discrete algorithms know nothing of action masks. At decision time
+(:class:`OfflineConductor`) the per-action scores are computed and illegal actions get ``-inf``, so an
+illegal action is never emitted:
+
+* BC / filtered BC: the imitator's logits (Torabi et al. 2018; filtered BC keeps only successful
+  episodes, as in "%BC", Chen et al. 2021).
+* BCQ (Fujimoto et al. 2019, discrete version): the Q-values restricted to legal actions whose
+  imitator probability is at least ``action_flexibility`` times that of the most likely *legal* action.
+* CQL (Kumar et al. 2020): the Q-values.
+
+FQE (Le et al. 2019) evaluates the same masked greedy policy: its target network asks the policy for
+``a' = π(s')`` on logged next-observations, and the mask there is recovered from the observation
+itself (``ObservationEncoder.legal_mask``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from envs.config import TeamEnvConfig
+from envs.observation import ObservationEncoder
+from policies.base import PolicyError
+from policies.checkpoint import ConductorMeta, team_layout
+from policies.dataset import ConductorDataset, DatasetFilter, Truncation
+
+D3RLPY_ALGOS = ("bc", "fbc", "bcq", "cql")
+MODEL_FILE = "model.d3"
+
+
+@dataclass
+class OfflineConfig:
+    """Every knob of an offline training run (written into the run directory and checkpoint)."""
+
+    algo: str = "cql"  # bc | fbc (filtered BC: successful episodes only) | bcq | cql
+    n_steps: int = 4000  # gradient steps
+    n_steps_per_epoch: int = 500  # steps between metric rows and checkpoints
+    batch_size: int = 64  # minibatch size
+    learning_rate: float = 3e-4  # Adam step size
+    hidden_units: tuple[int, ...] = (128, 128)  # MLP encoder widths
+    gamma: float = 0.99  # discount (episodes last a handful of decisions)
+    target_update_interval: int = 200  # steps between target-network syncs (BCQ, CQL)
+    cql_alpha: float = 1.0  # CQL conservatism weight (logsumexp Q − Q(s, a_data))
+    bcq_action_flexibility: float = 0.3  # BCQ: keep actions with p(a|s) ≥ this × max_a p(a|s)
+    bc_beta: float = 0.5  # BC / BCQ imitator logit-norm regulariser (d3rlpy's beta)
+    fbc_min_return: float | None = None  # filtered BC: also keep episodes with at least this return
+    truncation: Truncation = "terminal"  # spent turn budget: terminal (default) or bootstrap
+    seed: int = 0  # torch / numpy / d3rlpy seed
+    torch_threads: int = 1  # small MLPs: one thread is many times faster than two on a busy 2-core box
+
+    def __post_init__(self) -> None:
+        if self.algo not in D3RLPY_ALGOS:
+            raise PolicyError(f"algo: expected one of {', '.join(D3RLPY_ALGOS)}, got {self.algo!r}")
+        if self.n_steps < 1 or self.n_steps_per_epoch < 1:
+            raise PolicyError("n_steps and n_steps_per_epoch must be positive")
+        self.hidden_units = tuple(int(h) for h in self.hidden_units)
+
+
+def quiet_d3rlpy() -> None:
+    """d3rlpy logs every epoch through structlog at INFO; keep warnings and errors only."""
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def make_algo(cfg: OfflineConfig) -> Any:
+    """The d3rlpy algorithm object of a config (CPU)."""
+    import d3rlpy
+
+    quiet_d3rlpy()
+    from d3rlpy.models.encoders import VectorEncoderFactory
+
+    enc = VectorEncoderFactory(hidden_units=list(cfg.hidden_units))
+    if cfg.algo in ("bc", "fbc"):
+        return d3rlpy.algos.DiscreteBCConfig(
+            batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, encoder_factory=enc, beta=cfg.bc_beta
+        ).create(device=False)
+    if cfg.algo == "bcq":
+        return d3rlpy.algos.DiscreteBCQConfig(
+            batch_size=cfg.batch_size,
+            learning_rate=cfg.learning_rate,
+            encoder_factory=enc,
+            gamma=cfg.gamma,
+            action_flexibility=cfg.bcq_action_flexibility,
+            beta=cfg.bc_beta,
+            target_update_interval=cfg.target_update_interval,
+        ).create(device=False)
+    return d3rlpy.algos.DiscreteCQLConfig(
+        batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        encoder_factory=enc,
+        gamma=cfg.gamma,
+        alpha=cfg.cql_alpha,
+        target_update_interval=cfg.target_update_interval,
+    ).create(device=False)
+
+
+def masked_argmax(scores: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """argmax over legal actions per row; a row with no legal action falls back to the last id."""
+    s = np.where(masks.astype(bool), scores, -np.inf)
+    out = s.argmax(axis=1)
+    none = ~masks.astype(bool).any(axis=1)
+    out[none] = scores.shape[1] - 1
+    return out.astype(np.int64)
+
+
+def action_scores(algo: Any, kind: str, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Per-action scores (B, A) of a trained d3rlpy algorithm, illegal actions at ``-inf``.
+
+    Reads the algorithm's own torch modules (d3rlpy 2.8): the imitator of BC/BCQ, the Q-function
+    forwarder of BCQ/CQL.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    impl = algo.impl
+    if impl is None:
+        raise PolicyError("the algorithm is not built yet (train or load it first)")
+    legal = torch.as_tensor(np.asarray(masks, dtype=bool))
+    with torch.no_grad():
+        x = torch.as_tensor(np.asarray(observations, dtype=np.float32))
+        if kind in ("bc", "fbc"):
+            scores = F.log_softmax(impl._modules.imitator(x).logits, dim=1)
+        elif kind == "bcq":
+            q = impl._q_func_forwarder.compute_expected_q(x)
+            logp = F.log_softmax(impl._modules.imitator(x).logits, dim=1)
+            logp = logp.masked_fill(~legal, -math.inf)
+            best = logp.max(dim=1, keepdim=True).values
+            keep = (logp - best) >= math.log(algo.config.action_flexibility)
+            scores = q.masked_fill(~keep, -math.inf)
+        elif kind == "cql":
+            scores = impl._q_func_forwarder.compute_expected_q(x)
+        else:
+            raise PolicyError(f"unknown algo {kind!r}")
+        scores = scores.masked_fill(~legal, -math.inf)
+    return scores.cpu().numpy()
+
+
+class OfflineConductor:
+    """A d3rlpy-trained conductor: masked greedy decisions, deterministic, stateless."""
+
+    def __init__(self, algo: Any, meta: ConductorMeta, name: str | None = None) -> None:
+        self.algo, self.meta = algo, meta
+        self.name = name or meta.algo
+        self.checkpoint: str | None = None
+
+    def reset(self, seed: int | None = None) -> None:
+        """Stateless: nothing to reset."""
+
+    def scores(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        return action_scores(self.algo, self.meta.algo, np.atleast_2d(observations), np.atleast_2d(masks))
+
+    def predict(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        """Batched masked decisions (B,)."""
+        masks = np.atleast_2d(masks)
+        return masked_argmax(self.scores(observations, masks), masks)
+
+    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int:
+        if not np.asarray(action_mask).any():
+            raise PolicyError("no legal action: the env offered an all-zero action mask")
+        return int(self.predict(np.asarray(obs, dtype=np.float32)[None], np.asarray(action_mask)[None])[0])
+
+    def save(self, folder: str | Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.algo.save(str(folder / MODEL_FILE))
+        self.meta.save(folder)
+        return folder
+
+    @classmethod
+    def load(
+        cls, folder: str | Path, config: TeamEnvConfig, encoder: ObservationEncoder, name: str | None = None
+    ) -> OfflineConductor:
+        import d3rlpy
+
+        folder = Path(folder)
+        meta = ConductorMeta.load(folder)
+        meta.check_layout(*team_layout(config, encoder), where=str(folder))
+        path = folder / MODEL_FILE
+        if not path.exists():
+            raise PolicyError(f"{folder}: {MODEL_FILE} missing (an unfinished training run?)")
+        try:
+            algo = d3rlpy.load_learnable(str(path), device=False)
+        except Exception as e:  # d3rlpy raises bare exceptions on a foreign or damaged file
+            raise PolicyError(f"{path}: cannot load the d3rlpy model ({type(e).__name__}: {e})") from e
+        c = cls(algo, meta, name=name)
+        c.checkpoint = str(folder)
+        return c
+
+
+@dataclass
+class TrainResult:
+    conductor: OfflineConductor
+    run_dir: Path
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # one row per epoch
+
+
+def agreement(conductor: OfflineConductor, ds: ConductorDataset) -> float:
+    """Share of dataset decisions the conductor reproduces (masked)."""
+    if len(ds) == 0:
+        return float("nan")
+    return float(np.mean(conductor.predict(ds.observations, ds.masks) == ds.actions))
+
+
+def training_data(ds: ConductorDataset, cfg: OfflineConfig) -> ConductorDataset:
+    """Filtered BC trains on successful (or high-return) episodes only; the rest use everything."""
+    if cfg.algo != "fbc":
+        return ds
+    flt = DatasetFilter(success_only=cfg.fbc_min_return is None, min_return=cfg.fbc_min_return)
+    keep = [i for i, e in enumerate(ds.episodes) if flt.keep_info(e)]
+    if not keep:
+        raise PolicyError("filtered BC: no episode of the dataset is successful (or above fbc_min_return)")
+    return ds.subset(keep)
+
+
+def train_offline(
+    ds: ConductorDataset,
+    cfg: OfflineConfig,
+    out_dir: str | Path,
+    *,
+    progress: bool = False,
+    on_epoch: Callable[[dict[str, Any]], None] | None = None,
+) -> TrainResult:
+    """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json + model.d3),
+    write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch) and
+    ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``."""
+    import d3rlpy
+    import torch
+    from d3rlpy.logging import NoopAdapterFactory
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = training_data(ds, cfg)
+    d3rlpy.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads)
+    algo = make_algo(cfg)
+    meta = ConductorMeta(
+        algo=cfg.algo,
+        team=ds.team,
+        embedder=ds.embedder,
+        feature_names=ds.feature_names,
+        action_labels=ds.action_labels,
+        config=asdict(cfg),
+        dataset={k: v for k, v in data.summary().items() if k != "sources"} | {"sources": ds.sources},
+    )
+    (out / "config.json").write_text(
+        json.dumps({"offline": asdict(cfg), "dataset": meta.dataset}, indent=2, default=str)
+    )
+    conductor = OfflineConductor(algo, meta)
+    agree: dict[int, float] = {}
+
+    def epoch_end(a: Any, epoch: int, step: int) -> None:
+        agree[epoch] = agreement(conductor, ds)
+        conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
+
+    mdp = data.to_mdp(cfg.truncation)
+    try:
+        history = algo.fit(
+            mdp,
+            n_steps=cfg.n_steps,
+            n_steps_per_epoch=cfg.n_steps_per_epoch,
+            logger_adapter=NoopAdapterFactory(),
+            show_progress=progress,
+            epoch_callback=epoch_end,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    rows: list[dict[str, Any]] = []
+    for epoch, losses in history:
+        row: dict[str, Any] = {"epoch": epoch, "step": epoch * cfg.n_steps_per_epoch}
+        row.update({f"losses/{k}": float(v) for k, v in losses.items()})
+        row["perf/agreement"] = agree.get(epoch, float("nan"))  # with the logged actions
+        rows.append(row)
+    _write_rows(out, rows)
+    for r in rows:
+        if on_epoch is not None:
+            on_epoch(r)
+    conductor.save(out)
+    conductor.checkpoint = str(out)
+    return TrainResult(conductor, out, rows)
+
+
+def _write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
+    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("epoch", "step"), k))
+    with (out / "metrics.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    with (out / "metrics.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+# -- off-policy evaluation ---------------------------------------------------------------------------
+
+
+@dataclass
+class FQEConfig:
+    """Fitted Q Evaluation (d3rlpy DiscreteFQE) of a policy from logged data alone."""
+
+    n_steps: int = 2000  # gradient steps
+    n_steps_per_epoch: int = 500
+    batch_size: int = 64
+    learning_rate: float = 3e-4
+    hidden_units: tuple[int, ...] = (128, 128)
+    gamma: float = 1.0  # 1.0: the undiscounted episode return, comparable with measured returns
+    target_update_interval: int = 100  # steps between target-network syncs
+    truncation: Truncation = "terminal"  # as in OfflineConfig
+    seed: int = 0
+    torch_threads: int = 1  # as in OfflineConfig
+
+
+PolicyFn = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (obs (B,D), masks (B,A)) -> actions (B,)
+
+
+class _MaskedPolicyImpl:
+    """What DiscreteFQE needs of the evaluated algorithm: ``impl.predict_best_action(x)``.
+
+    d3rlpy calls it on logged next-observations; the legal mask is read off the observation."""
+
+    def __init__(self, policy: PolicyFn, mask_fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        self._policy, self._mask_fn = policy, mask_fn
+
+    def predict_best_action(self, x: Any) -> Any:
+        import torch
+
+        obs = x.detach().cpu().numpy()
+        a = self._policy(obs, self._mask_fn(obs))
+        return torch.as_tensor(np.asarray(a, dtype=np.int64), device=x.device)
+
+
+class _PolicyAlgo:
+    def __init__(self, impl: _MaskedPolicyImpl) -> None:
+        self.impl = impl
+
+
+@dataclass
+class FQEResult:
+    estimate: float  # mean estimated value of the initial states (FQE, discounted by gamma)
+    behaviour_return: float  # mean discounted return of the logged episodes (what the data did)
+    episodes: int
+    metrics: list[dict[str, Any]]
+
+
+def discounted_returns(ds: ConductorDataset, gamma: float) -> np.ndarray:
+    """Discounted return of each logged episode (E,)."""
+    out = np.zeros(len(ds.episodes))
+    for e in range(len(ds.episodes)):
+        r = ds.rewards[ds.episode_index == e]
+        out[e] = float(np.sum(r * gamma ** np.arange(r.size)))
+    return out
+
+
+def fqe_evaluate(
+    policy: PolicyFn,
+    ds: ConductorDataset,
+    mask_fn: Callable[[np.ndarray], np.ndarray],
+    cfg: FQEConfig | None = None,
+    progress: bool = False,
+) -> FQEResult:
+    """Estimate the value of ``policy`` from the logged data ``ds`` with d3rlpy's DiscreteFQE.
+
+    ``mask_fn`` maps observations to legal masks (``ObservationEncoder.legal_mask``). The estimate is
+    the mean of ``Q_fqe(s0, π(s0))`` over the logged initial states."""
+    import d3rlpy
+    import torch
+    from d3rlpy.logging import NoopAdapterFactory
+    from d3rlpy.models.encoders import VectorEncoderFactory
+    from d3rlpy.ope import DiscreteFQE
+    from d3rlpy.ope import FQEConfig as D3FQEConfig
+
+    cfg = cfg or FQEConfig()
+    quiet_d3rlpy()
+    d3rlpy.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.torch_threads)
+    impl = _MaskedPolicyImpl(policy, mask_fn)
+    fqe = DiscreteFQE(
+        algo=_PolicyAlgo(impl),  # duck-typed: DiscreteFQE only reads .impl
+        config=D3FQEConfig(
+            learning_rate=cfg.learning_rate,
+            batch_size=cfg.batch_size,
+            gamma=cfg.gamma,
+            target_update_interval=cfg.target_update_interval,
+            encoder_factory=VectorEncoderFactory(hidden_units=list(cfg.hidden_units)),
+        ),
+        device=False,
+    )
+    try:
+        history = fqe.fit(
+            ds.to_mdp(cfg.truncation),
+            n_steps=cfg.n_steps,
+            n_steps_per_epoch=cfg.n_steps_per_epoch,
+            logger_adapter=NoopAdapterFactory(),
+            show_progress=progress,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    first = np.array([np.flatnonzero(ds.episode_index == e)[0] for e in range(len(ds.episodes))])
+    s0, m0 = ds.observations[first], ds.masks[first]
+    a0 = np.asarray(policy(s0, m0), dtype=np.int64)
+    values = fqe.predict_value(s0, a0)
+    metrics = [{"epoch": ep, **{f"losses/{k}": float(v) for k, v in d.items()}} for ep, d in history]
+    return FQEResult(
+        estimate=float(np.mean(values)),
+        behaviour_return=float(np.mean(discounted_returns(ds, cfg.gamma))),
+        episodes=len(ds.episodes),
+        metrics=metrics,
+    )
+
+
+def conductor_policy_fn(conductor: OfflineConductor) -> PolicyFn:
+    return conductor.predict
+
+
+__all__ = [
+    "D3RLPY_ALGOS",
+    "FQEConfig",
+    "FQEResult",
+    "OfflineConductor",
+    "OfflineConfig",
+    "TrainResult",
+    "action_scores",
+    "agreement",
+    "discounted_returns",
+    "fqe_evaluate",
+    "make_algo",
+    "masked_argmax",
+    "train_offline",
+]
