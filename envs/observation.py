@@ -24,6 +24,10 @@ last_instr_*          K+1    one-hot of the latest instruction (last slot: none 
 turns_*               W      turns taken by each worker / max_turns
 fails_*               W      FAIL verdicts each tool worker gave / max_turns (0 for LLM workers)
 difficulty            1      task difficulty / 5
+prompt_len            1      characters of the task prompt / 1000 (clipped to 1)
+prompt_alpha_frac     1      share of letters among the prompt's non-space characters
+prompt_digit_frac     1      share of digits among them
+prompt_symbol_frac    1      share of other symbols (operators, brackets, punctuation)
 emb_task_*            E      sentence embedding of the task prompt
 emb_msg{j}_*          E      embedding of the j-th latest message (j = 1..recent_messages)
 ====================  =====  =====================================================================
@@ -106,7 +110,7 @@ class ObservationEncoder:
         names += [f"last_instr_{k}" for k in c.instruction_names] + ["last_instr_none"]
         names += [f"turns_{w}" for w in c.worker_names]
         names += [f"fails_{w}" for w in c.worker_names]
-        names += ["difficulty"]
+        names += ["difficulty", "prompt_len", "prompt_alpha_frac", "prompt_digit_frac", "prompt_symbol_frac"]
         d = self.embedder.dim
         names += [f"emb_task_{i}" for i in range(d)]
         for j in range(1, c.recent_messages + 1):
@@ -192,4 +196,15 @@ class ObservationEncoder:
             for w in c.worker_names
         ]
         v += [float(state["task"].get("difficulty", 1)) / 5.0]
+        v += prompt_surface(state["task"]["prompt"])
         return np.asarray(v, dtype=np.float32)
+
+
+def prompt_surface(prompt: str) -> list[float]:
+    """What the prompt looks like, without reading it: a bare formula is mostly digits and symbols,
+    a word problem or a puzzle mostly letters. Cheap, readable in distilled rules, family-agnostic."""
+    chars = [ch for ch in prompt if not ch.isspace()]
+    n = max(len(chars), 1)
+    alpha = sum(ch.isalpha() for ch in chars) / n
+    digit = sum(ch.isdigit() for ch in chars) / n
+    return [min(len(prompt) / 1000.0, 1.0), alpha, digit, 1.0 - alpha - digit if chars else 0.0]

@@ -92,12 +92,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("families", help="list the task families")
 
     p = sub.add_parser(
-        "demo", help="record with rule-based conductors on two families and evaluate them", epilog=EPILOG
+        "demo",
+        help="phase 1 at demo scale: record, build datasets, train BC and CQL, evaluate against the rule-based conductors",
+        epilog=EPILOG,
     )
     p.add_argument("--out", default="runs/demo", help="run directory")
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes per family and conductor")
     p.add_argument("--train-episodes", type=int, default=None, help="recorded training episodes per conductor")
     _common(p)
+    from orchestra.cli_conductor import add_parsers
+
+    COMMANDS.update(add_parsers(sub, _common, EPILOG))
     return ap
 
 
@@ -247,20 +252,19 @@ def _cmd_families(a: argparse.Namespace) -> int:
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
-    from orchestra.demo import DemoConfig, run_demo
+    from orchestra.phase1 import demo_config, run_phase1
 
-    cfg = DemoConfig(
-        seed=a.seed, num_envs=a.num_envs, use_cache=not a.no_cache, cache_path=a.cache, progress=not a.quiet
-    )
+    cfg = demo_config(seed=a.seed)
+    cfg.num_envs, cfg.use_cache, cfg.cache_path, cfg.progress = a.num_envs, not a.no_cache, a.cache, not a.quiet
     if a.episodes is not None:
         cfg.eval_episodes = a.episodes
     if a.train_episodes is not None:
         cfg.train_episodes = a.train_episodes
-    run_demo(cfg, Path(a.out))
+    run_phase1(cfg, Path(a.out))
     return 0
 
 
-COMMANDS = {
+COMMANDS: dict[str, Any] = {
     "record": _cmd_record,
     "evaluate": _cmd_evaluate,
     "trajectories": _cmd_trajectories,
@@ -276,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from orchestra.backends.base import BackendError
     from orchestra.team import TeamFileError
     from policies.base import PolicyError
+    from policies.dataset import DatasetError
     from trajectories import SchemaError, TrajectoryFileError
 
     try:
@@ -283,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (
         TeamFileError,
         PolicyError,
+        DatasetError,
         BackendError,
         TrajectoryFileError,
         SchemaError,

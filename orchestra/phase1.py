@@ -231,9 +231,16 @@ def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
     return Phase1Result(rows, ope, rules, paths)
 
 
+def demo_config(seed: int = 0) -> Phase1Config:
+    """``orchestra demo``: phase 1 end to end, sized for about ten minutes on 2 CPU cores."""
+    return Phase1Config(
+        explore_conductors=["heuristic"], train_episodes=8, eval_episodes=16, n_steps=1000, fqe_steps=1000, seed=seed
+    )
+
+
 def reproduce_config(seed: int = 0) -> Phase1Config:
     """The full-scale phase-1 run whose table the README quotes (``orchestra reproduce conductor``)."""
     return Phase1Config(train_episodes=64, eval_episodes=100, n_steps=4000, fqe_steps=3000, seed=seed)
 
 
-__all__ = ["OPERow", "Phase1Config", "Phase1Result", "ope_table_md", "reproduce_config", "run_phase1"]
+__all__ = ["OPERow", "Phase1Config", "Phase1Result", "demo_config", "ope_table_md", "reproduce_config", "run_phase1"]
