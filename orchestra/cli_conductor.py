@@ -83,7 +83,9 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None], epi
     p.add_argument("--out", required=True, help="run directory (checkpoint in OUT/checkpoint)")
     p.add_argument("--timesteps", type=int, default=4096, help="conductor decisions to train on")
     p.add_argument("--n-steps", type=int, default=256, help="decisions per PPO rollout")
-    p.add_argument("--warm-start", default=None, help="dataset .npz, checkpoint folder or rule-based conductor to clone")
+    p.add_argument(
+        "--warm-start", default=None, help="dataset .npz, checkpoint folder or rule-based conductor to clone"
+    )
     p.add_argument("--allow", action="append", default=None, help="rails: allowed action label/pattern (repeat)")
     p.add_argument("--max-turns", type=int, default=None, help="rails: worker turns per episode")
     p.add_argument("--max-tokens", type=int, default=None, help="rails: worker tokens per episode")
@@ -267,7 +269,9 @@ def _cmd_finetune(a: argparse.Namespace) -> int:
         progress=not a.quiet,
     )
     run = finetune_conductor(cfg, a.out)
-    print(f"run dir: {run}\ncheckpoint: {Path(run) / 'checkpoint'}  (use it as --conductor ppo:{Path(run) / 'checkpoint'})")
+    print(
+        f"run dir: {run}\ncheckpoint: {Path(run) / 'checkpoint'}  (use it as --conductor ppo:{Path(run) / 'checkpoint'})"
+    )
     return 0
 
 
@@ -283,7 +287,9 @@ def _cmd_distill(a: argparse.Namespace) -> int:
     conductor = conductor_factory(spec, team, a.seed)()
     labels = labels_from_conductor(conductor, ds.observations, ds.masks, ds.states, ds.episode_index, reset_seed=a.seed)
     cfg = DistillConfig(max_depth=a.max_depth, heldout_frac=a.heldout_frac, seed=a.seed, features=a.features)
-    res = distill(labels, ds.observations, ds.masks, ds.feature_names, ds.action_labels, cfg, episode_index=ds.episode_index)
+    res = distill(
+        labels, ds.observations, ds.masks, ds.feature_names, ds.action_labels, cfg, episode_index=ds.episode_index
+    )
     res.save(Path(a.out))
     print(res.rules.rstrip())
     print(

@@ -20,7 +20,7 @@ from envs.observation import ObservationEncoder
 from orchestra.evaluate import ResultRow, format_paired_table, format_table, paired_comparison
 from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, record
 from policies import RULE_BASED
-from policies.dataset import ConductorDataset, build_dataset
+from policies.dataset import ConductorDataset, FeatureSet, build_dataset
 from policies.distill import DistillConfig, distill
 from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, fqe_evaluate, train_offline
 from trajectories import read_many
@@ -38,6 +38,11 @@ class Phase1Config:
     eval_episodes: int = 32  # held-out tasks per family, the same for every conductor
     algos: list[str] = field(default_factory=lambda: ["bc", "cql"])  # offline algorithms to train
     n_steps: int = 2000  # gradient steps per algorithm
+    # CQL conservatism. d3rlpy's default (1.0) is calibrated for large datasets from one behaviour
+    # policy; here a few hundred episodes come from a handful of schedules widened by ε-exploration,
+    # and α = 1 only re-learns the most frequent logged schedule. A small α lets the returns speak.
+    cql_alpha: float = 0.02
+    features: FeatureSet = "structural"  # observation columns the learned conductors see: structural | all
     n_steps_per_epoch: int = 500  # steps per metrics row / checkpoint
     fqe_steps: int = 1500  # FQE gradient steps per learned conductor
     distill_depth: int = 4  # depth of the distilled decision tree
@@ -138,7 +143,14 @@ def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
         datasets[team_name] = ds
         learned[team_name] = {}
         for algo in cfg.algos:
-            oc = OfflineConfig(algo=algo, n_steps=cfg.n_steps, n_steps_per_epoch=cfg.n_steps_per_epoch, seed=cfg.seed)
+            oc = OfflineConfig(
+                algo=algo,
+                n_steps=cfg.n_steps,
+                n_steps_per_epoch=cfg.n_steps_per_epoch,
+                cql_alpha=cfg.cql_alpha,
+                features=cfg.features,
+                seed=cfg.seed,
+            )
             res = train_offline(ds, oc, out / "models" / team_name / algo)
             learned[team_name][algo] = res.conductor
             print(f"  {team_name}/{algo}: agreement with the logged actions {res.metrics[-1]['perf/agreement']:.3f}")
@@ -151,7 +163,7 @@ def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
                 c.predict,
                 datasets[team_name],
                 encoders[team_name].legal_mask,
-                FQEConfig(n_steps=cfg.fqe_steps, seed=cfg.seed),
+                FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.seed),
             )
             fqe[(team_name, algo)] = (r.estimate, r.behaviour_return)
             print(f"  {team_name}/{algo}: FQE {r.estimate:.3f} (logged behaviour {r.behaviour_return:.3f})")
@@ -240,7 +252,7 @@ def demo_config(seed: int = 0) -> Phase1Config:
 
 def reproduce_config(seed: int = 0) -> Phase1Config:
     """The full-scale phase-1 run whose table the README quotes (``orchestra reproduce conductor``)."""
-    return Phase1Config(train_episodes=64, eval_episodes=100, n_steps=4000, fqe_steps=3000, seed=seed)
+    return Phase1Config(train_episodes=32, eval_episodes=50, n_steps=4000, fqe_steps=3000, seed=seed)
 
 
 __all__ = ["OPERow", "Phase1Config", "Phase1Result", "demo_config", "ope_table_md", "reproduce_config", "run_phase1"]

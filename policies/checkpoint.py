@@ -82,12 +82,23 @@ class ConductorMeta:
         except TypeError as e:
             raise PolicyError(f"{path}: {e}") from e
 
+    def check_embedder(self, encoder: ObservationEncoder, where: str) -> None:
+        check_same_embedder(self.embedder, encoder, where)
+
     def check_layout(self, feature_names: Sequence[str], action_labels: Sequence[str], where: str) -> None:
         """Raise :class:`LayoutError` naming the first difference from the given layout."""
         check_same_layout(
             (self.feature_names, self.action_labels),
             (list(feature_names), list(action_labels)),
             f"{where} (trained for team {self.team!r}, embedder {self.embedder!r})",
+        )
+
+
+def check_same_embedder(trained: str, encoder: ObservationEncoder, where: str) -> None:
+    if trained != encoder.embedder.name:
+        raise LayoutError(
+            f"{where}: trained on {trained!r} sentence embeddings, this team's encoder uses "
+            f"{encoder.embedder.name!r} (set `embedder: {trained}` in the team file, or retrain)"
         )
 
 
@@ -120,6 +131,7 @@ def load_conductor(
     folder = Path(path)
     meta = ConductorMeta.load(folder)
     meta.check_layout(*team_layout(config, encoder), where=str(folder))
+    meta.check_embedder(encoder, where=str(folder))
     if meta.algo == "ppo":
         from policies.online import PPOConductor
 

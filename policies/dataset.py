@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,10 +30,22 @@ import numpy as np
 
 from envs.config import REWARD_COMPONENTS, TeamEnvConfig
 from envs.observation import ObservationEncoder
-from policies.checkpoint import LayoutError, check_same_layout, team_layout
+from policies.checkpoint import LayoutError, check_same_embedder, check_same_layout, team_layout
 from trajectories import Episode, read_trajectories
 
 Truncation = Literal["terminal", "bootstrap"]
+FeatureSet = Literal["structural", "all"]
+
+
+def feature_columns(feature_names: Sequence[str], which: FeatureSet) -> list[int]:
+    """Column indices of a feature set: ``all``, or ``structural`` (every feature but the sentence
+    embeddings ``emb_*``: 768 embedding dims drown a few hundred episodes, and rules over them are
+    unreadable)."""
+    if which == "all":
+        return list(range(len(feature_names)))
+    if which == "structural":
+        return [i for i, n in enumerate(feature_names) if not n.startswith("emb_")]
+    raise DatasetError(f"features: expected 'structural' or 'all', got {which!r}")
 
 
 class DatasetError(ValueError):
@@ -136,6 +148,31 @@ class ConductorDataset:
             embedder=self.embedder,
             sources=self.sources,
         )
+
+    def select_features(self, which: FeatureSet) -> ConductorDataset:
+        """The same rows with only some observation columns (``structural``: no sentence embeddings)."""
+        cols = feature_columns(self.feature_names, which)
+        if len(cols) == len(self.feature_names):
+            return self
+        return replace(
+            self,
+            observations=self.observations[:, cols],
+            final_observations=self.final_observations[:, cols],
+            feature_names=[self.feature_names[i] for i in cols],
+        )
+
+    def legal_mask(self, observations: np.ndarray) -> np.ndarray:
+        """Action masks recovered from observations, as ``ObservationEncoder.legal_mask`` does, without
+        the team: worker actions need turns left, submit a candidate; an action never legal anywhere
+        in the data (an instruction its worker does not take) stays illegal."""
+        obs = np.atleast_2d(np.asarray(observations, dtype=np.float32))
+        turns_left = obs[:, self.feature_names.index("turns_left_frac")] > 1e-6
+        has_cand = obs[:, self.feature_names.index("has_candidate")] > 0.5
+        declared = np.asarray(self.masks.any(axis=0) if len(self) else np.ones(self.num_actions), dtype=bool)
+        mask = np.zeros((obs.shape[0], self.num_actions), dtype=np.int8)
+        mask[:, :-1] = turns_left[:, None] & declared[None, :-1]
+        mask[:, -1] = has_cand
+        return mask
 
     def split_episodes(self, heldout_frac: float, seed: int = 0) -> tuple[ConductorDataset, ConductorDataset]:
         """(train, held-out) by whole episodes, shuffled with ``seed``."""
@@ -295,6 +332,7 @@ class ConductorDataset:
 
     def check_layout(self, config: TeamEnvConfig, encoder: ObservationEncoder, where: str = "dataset") -> None:
         check_same_layout((self.feature_names, self.action_labels), team_layout(config, encoder), where)
+        check_same_embedder(self.embedder, encoder, where)
 
 
 def resolve_weights(config: TeamEnvConfig, weights: Mapping[str, float] | None) -> dict[str, float]:

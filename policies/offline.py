@@ -13,6 +13,11 @@ illegal action is never emitted:
   imitator probability is at least ``action_flexibility`` times that of the most likely *legal* action.
 * CQL (Kumar et al. 2020): the Q-values.
 
+The same holds for CQL's bootstrap target: d3rlpy's DoubleDQN target takes the argmax over *all*
+next actions, and actions that are never legal (never in the data) then inflate the values they are
+bootstrapped into. With ``masked_targets`` (default) the target's next action is the best legal one,
+the mask read off the next observation (``ConductorDataset.legal_mask``).
+
 FQE (Le et al. 2019) evaluates the same masked greedy policy: its target network asks the policy for
 ``a' = π(s')`` on logged next-observations, and the mask there is recovered from the observation
 itself (``ObservationEncoder.legal_mask``).
@@ -34,7 +39,7 @@ from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, team_layout
-from policies.dataset import ConductorDataset, DatasetFilter, Truncation
+from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
 
 D3RLPY_ALGOS = ("bc", "fbc", "bcq", "cql")
 MODEL_FILE = "model.d3"
@@ -57,6 +62,8 @@ class OfflineConfig:
     bc_beta: float = 0.5  # BC / BCQ imitator logit-norm regulariser (d3rlpy's beta)
     fbc_min_return: float | None = None  # filtered BC: also keep episodes with at least this return
     truncation: Truncation = "terminal"  # spent turn budget: terminal (default) or bootstrap
+    masked_targets: bool = True  # CQL: bootstrap from the best *legal* next action (module doc)
+    features: FeatureSet = "structural"  # observation columns the network sees: structural | all
     seed: int = 0  # torch / numpy / d3rlpy seed
     torch_threads: int = 1  # small MLPs: one thread is many times faster than two on a busy 2-core box
 
@@ -74,7 +81,7 @@ def quiet_d3rlpy() -> None:
 
     import structlog
 
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 
 
 def make_algo(cfg: OfflineConfig) -> Any:
@@ -157,12 +164,17 @@ class OfflineConductor:
         self.algo, self.meta = algo, meta
         self.name = name or meta.algo
         self.checkpoint: str | None = None
+        self.columns = np.asarray(feature_columns(meta.feature_names, meta.config.get("features", "all")))
 
     def reset(self, seed: int | None = None) -> None:
         """Stateless: nothing to reset."""
 
     def scores(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
-        return action_scores(self.algo, self.meta.algo, np.atleast_2d(observations), np.atleast_2d(masks))
+        """(B, A) scores; ``observations`` are full encoder vectors or already the trained columns."""
+        x = np.atleast_2d(observations)
+        if x.shape[1] == len(self.meta.feature_names) and len(self.columns) != x.shape[1]:
+            x = x[:, self.columns]
+        return action_scores(self.algo, self.meta.algo, x, np.atleast_2d(masks))
 
     def predict(self, observations: np.ndarray, masks: np.ndarray) -> np.ndarray:
         """Batched masked decisions (B,)."""
@@ -190,6 +202,7 @@ class OfflineConductor:
         folder = Path(folder)
         meta = ConductorMeta.load(folder)
         meta.check_layout(*team_layout(config, encoder), where=str(folder))
+        meta.check_embedder(encoder, where=str(folder))
         path = folder / MODEL_FILE
         if not path.exists():
             raise PolicyError(f"{folder}: {MODEL_FILE} missing (an unfinished training run?)")
@@ -200,6 +213,27 @@ class OfflineConductor:
         c = cls(algo, meta, name=name)
         c.checkpoint = str(folder)
         return c
+
+
+def mask_target_actions(algo: Any, mask_fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Make a built DiscreteCQL pick its bootstrap action among legal ones only.
+
+    DoubleDQN's target (d3rlpy ``DoubleDQNImpl.compute_target``) evaluates the target network at
+    ``argmax_a Q(s', a)`` computed by ``inner_predict_best_action``; that one method is replaced on
+    this instance by a masked argmax. Saved models are unaffected (decisions are masked anyway)."""
+    import torch
+
+    impl = algo.impl
+    unmasked = impl.inner_predict_best_action
+
+    def masked(x: Any) -> Any:
+        q = impl._q_func_forwarder.compute_expected_q(x)
+        legal = torch.as_tensor(mask_fn(x.detach().cpu().numpy()).astype(bool), device=q.device)
+        best = q.masked_fill(~legal, -math.inf).argmax(dim=1)
+        none = ~legal.any(dim=1)  # no legal action: an end state whose value is never used
+        return torch.where(none, unmasked(x), best)
+
+    impl.inner_predict_best_action = masked
 
 
 @dataclass
@@ -244,7 +278,7 @@ def train_offline(
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = training_data(ds, cfg)
+    data = training_data(ds, cfg).select_features(cfg.features)
     d3rlpy.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     threads = torch.get_num_threads()
@@ -270,6 +304,9 @@ def train_offline(
         conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
 
     mdp = data.to_mdp(cfg.truncation)
+    if cfg.algo == "cql" and cfg.masked_targets:
+        algo.build_with_dataset(mdp)
+        mask_target_actions(algo, data.legal_mask)
     try:
         history = algo.fit(
             mdp,
@@ -322,6 +359,7 @@ class FQEConfig:
     gamma: float = 1.0  # 1.0: the undiscounted episode return, comparable with measured returns
     target_update_interval: int = 100  # steps between target-network syncs
     truncation: Truncation = "terminal"  # as in OfflineConfig
+    features: FeatureSet = "structural"  # observation columns FQE's Q-network sees (as in OfflineConfig)
     seed: int = 0
     torch_threads: int = 1  # as in OfflineConfig
 
@@ -386,6 +424,22 @@ def fqe_evaluate(
     from d3rlpy.ope import FQEConfig as D3FQEConfig
 
     cfg = cfg or FQEConfig()
+    full = ds
+    ds = ds.select_features(cfg.features)
+    cols = np.asarray(feature_columns(full.feature_names, cfg.features))
+    if len(cols) != len(full.feature_names):
+        # FQE's Q-network sees the subset; the policy is asked on the full logged rows they came from
+        rows = np.concatenate([full.observations, full.final_observations])
+        full_row = {r[cols].tobytes(): r for r in rows}
+        inner = policy
+
+        def policy(obs: np.ndarray, masks: np.ndarray) -> np.ndarray:
+            x = np.stack(
+                [full_row.get(o.astype(np.float32).tobytes(), np.zeros(rows.shape[1], np.float32)) for o in obs]
+            )
+            return inner(x, masks)
+
+        mask_fn = ds.legal_mask
     quiet_d3rlpy()
     d3rlpy.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

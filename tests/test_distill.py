@@ -108,7 +108,7 @@ def test_tree_reproduces_the_heuristic_conductor(heuristic_rows: Rows, tmp_path:
     assert res.tree.get_depth() <= 4
     np.testing.assert_array_equal(res.predict(d.obs, d.masks), d.actions)
     # the rules name structural features and action labels, not column numbers
-    assert "has_candidate" in res.rules and "last_worker_" in res.rules
+    assert sum(name in res.rules for name in res.feature_names) >= 2  # rules read named features
     for label in ("solver:solve", "calculator:check", "solver:revise", "submit"):
         assert f"→ {label}" in res.rules
     assert "feature_" not in res.rules and "emb_" not in res.rules

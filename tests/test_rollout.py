@@ -28,7 +28,7 @@ def short_team(tmp_path: Path, name: str = "arithmetic", max_tokens: int = 24) -
         if w.get("kind", "llm") == "llm":
             w.setdefault("generation", {})["max_tokens"] = max_tokens
     p = tmp_path / f"{name}-short.yaml"
-    p.write_text(yaml.safe_dump(raw))
+    p.write_text(yaml.safe_dump(raw, sort_keys=False))  # keep the instruction order: it is the action layout
     return p
 
 
