@@ -280,6 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from orchestra.backends.base import BackendError
     from orchestra.team import TeamFileError
     from policies.base import PolicyError
+    from envs.team_env import IllegalActionError
     from policies.dataset import DatasetError
     from trajectories import SchemaError, TrajectoryFileError
 
@@ -289,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TeamFileError,
         PolicyError,
         DatasetError,
+        IllegalActionError,
         BackendError,
         TrajectoryFileError,
         SchemaError,

@@ -252,7 +252,9 @@ def demo_config(seed: int = 0) -> Phase1Config:
 
 def reproduce_config(seed: int = 0) -> Phase1Config:
     """The full-scale phase-1 run whose table the README quotes (``orchestra reproduce conductor``)."""
-    return Phase1Config(train_episodes=32, eval_episodes=50, n_steps=4000, fqe_steps=3000, seed=seed)
+    return Phase1Config(
+        algos=["bc", "fbc", "cql"], train_episodes=32, eval_episodes=50, n_steps=4000, fqe_steps=3000, seed=seed
+    )
 
 
 __all__ = ["OPERow", "Phase1Config", "Phase1Result", "demo_config", "ope_table_md", "reproduce_config", "run_phase1"]

@@ -58,6 +58,7 @@ class OfflineConfig:
     gamma: float = 0.99  # discount (episodes last a handful of decisions)
     target_update_interval: int = 200  # steps between target-network syncs (BCQ, CQL)
     cql_alpha: float = 1.0  # CQL conservatism weight (logsumexp Q − Q(s, a_data))
+    n_critics: int = 1  # Q-network ensemble size (BCQ, CQL); targets take the ensemble minimum
     bcq_action_flexibility: float = 0.3  # BCQ: keep actions with p(a|s) ≥ this × max_a p(a|s)
     bc_beta: float = 0.5  # BC / BCQ imitator logit-norm regulariser (d3rlpy's beta)
     fbc_min_return: float | None = None  # filtered BC: also keep episodes with at least this return
@@ -103,6 +104,7 @@ def make_algo(cfg: OfflineConfig) -> Any:
             encoder_factory=enc,
             gamma=cfg.gamma,
             action_flexibility=cfg.bcq_action_flexibility,
+            n_critics=cfg.n_critics,
             beta=cfg.bc_beta,
             target_update_interval=cfg.target_update_interval,
         ).create(device=False)
@@ -112,6 +114,7 @@ def make_algo(cfg: OfflineConfig) -> Any:
         encoder_factory=enc,
         gamma=cfg.gamma,
         alpha=cfg.cql_alpha,
+        n_critics=cfg.n_critics,
         target_update_interval=cfg.target_update_interval,
     ).create(device=False)
 

