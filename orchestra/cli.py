@@ -277,10 +277,10 @@ COMMANDS: dict[str, Any] = {
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from envs.tasks.base import Task  # noqa: F401  (fail early with a clear message if the install is broken)
+    from envs.team_env import IllegalActionError
     from orchestra.backends.base import BackendError
     from orchestra.team import TeamFileError
     from policies.base import PolicyError
-    from envs.team_env import IllegalActionError
     from policies.dataset import DatasetError
     from trajectories import SchemaError, TrajectoryFileError
 
