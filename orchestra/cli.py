@@ -260,7 +260,7 @@ def _cmd_demo(a: argparse.Namespace) -> int:
         cfg.eval_episodes = a.episodes
     if a.train_episodes is not None:
         cfg.train_episodes = a.train_episodes
-    run_phase1(cfg, Path(a.out))
+    run_phase1(cfg, Path(a.out), command=f"orchestra demo --seed {a.seed}")
     return 0
 
 

@@ -114,6 +114,9 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None], epi
     q.add_argument("--out", default="runs/reproduce-conductor", help="run directory (a rerun continues it)")
     q.add_argument("--train-episodes", type=int, default=None, help="training tasks per source conductor")
     q.add_argument("--episodes", type=int, default=None, help="held-out tasks per family")
+    q.add_argument(
+        "--report", default=None, help="also copy the summary (markdown) here, e.g. docs/results/conductor.md"
+    )
     common(q)
     return {
         "dataset": _cmd_dataset,
@@ -308,5 +311,9 @@ def _cmd_reproduce(a: argparse.Namespace) -> int:
         cfg.train_episodes = a.train_episodes
     if a.episodes is not None:
         cfg.eval_episodes = a.episodes
-    run_phase1(cfg, Path(a.out))
+    res = run_phase1(cfg, Path(a.out), command=f"orchestra reproduce conductor --seed {a.seed}")
+    if a.report:
+        Path(a.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.report).write_text(res.paths["summary"].read_text(encoding="utf-8"), encoding="utf-8")
+        print(f"report: {a.report}")
     return 0

@@ -17,7 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from envs.observation import ObservationEncoder
-from orchestra.evaluate import ResultRow, format_paired_table, format_table, paired_comparison
+from orchestra.evaluate import (
+    ResultRow,
+    format_collapse_table,
+    format_paired_table,
+    format_table,
+    mode_collapse,
+    paired_comparison,
+)
 from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, record
 from policies import RULE_BASED
 from policies.dataset import ConductorDataset, FeatureSet, build_dataset
@@ -116,7 +123,7 @@ def ope_table_md(rows: list[OPERow]) -> str:
     return "\n".join(lines)
 
 
-def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
+def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps({"phase1": asdict(cfg)}, indent=2), encoding="utf-8")
@@ -213,7 +220,7 @@ def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
         "# Phase 1: learned conductors vs rule-based schedulers",
         "",
         f"Held-out tasks per family: {cfg.eval_episodes}; training tasks per source conductor: {cfg.train_episodes}; "
-        f"seed {cfg.seed}.",
+        f"seed {cfg.seed}." + (f" Produced by `{command}`." if command else ""),
         "",
         "## Results (95% bootstrap CIs)",
         "",
@@ -222,6 +229,10 @@ def run_phase1(cfg: Phase1Config, out: Path) -> Phase1Result:
         "## Paired against the best rule-based conductor of each family",
         "",
         format_paired_table(paired),
+        "",
+        "## Mode collapse: how varied each conductor's action sequences are",
+        "",
+        format_collapse_table(mode_collapse(eps)),
         "",
         "## Off-policy evaluation: FQE from the logs vs measured",
         "",
