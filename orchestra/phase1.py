@@ -257,7 +257,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
 def demo_config(seed: int = 0) -> Phase1Config:
     """``orchestra demo``: phase 1 end to end, sized for about ten minutes on 2 CPU cores."""
     return Phase1Config(
-        explore_conductors=["heuristic"], train_episodes=8, eval_episodes=16, n_steps=1000, fqe_steps=1000, seed=seed
+        explore_conductors=["heuristic"], train_episodes=8, eval_episodes=12, n_steps=800, fqe_steps=600, seed=seed
     )
 
 
