@@ -252,15 +252,10 @@ def _cmd_families(a: argparse.Namespace) -> int:
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
+    from orchestra.cli_conductor import phase1_from_args
     from orchestra.phase1 import demo_config, run_phase1
 
-    cfg = demo_config(seed=a.seed)
-    cfg.num_envs, cfg.use_cache, cfg.cache_path, cfg.progress = a.num_envs, not a.no_cache, a.cache, not a.quiet
-    if a.episodes is not None:
-        cfg.eval_episodes = a.episodes
-    if a.train_episodes is not None:
-        cfg.train_episodes = a.train_episodes
-    run_phase1(cfg, Path(a.out), command=f"orchestra demo --seed {a.seed}")
+    run_phase1(phase1_from_args(demo_config(seed=a.seed), a), Path(a.out), command=f"orchestra demo --seed {a.seed}")
     return 0
 
 

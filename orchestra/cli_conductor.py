@@ -302,15 +302,20 @@ def _cmd_distill(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_reproduce(a: argparse.Namespace) -> int:
-    from orchestra.phase1 import reproduce_config, run_phase1
-
-    cfg = reproduce_config(seed=a.seed)
+def phase1_from_args(cfg: Any, a: argparse.Namespace) -> Any:
+    """Apply the shared run flags and the episode overrides of ``demo`` / ``reproduce`` to a Phase1Config."""
     cfg.num_envs, cfg.use_cache, cfg.cache_path, cfg.progress = a.num_envs, not a.no_cache, a.cache, not a.quiet
     if a.train_episodes is not None:
         cfg.train_episodes = a.train_episodes
     if a.episodes is not None:
         cfg.eval_episodes = a.episodes
+    return cfg
+
+
+def _cmd_reproduce(a: argparse.Namespace) -> int:
+    from orchestra.phase1 import reproduce_config, run_phase1
+
+    cfg = phase1_from_args(reproduce_config(seed=a.seed), a)
     res = run_phase1(cfg, Path(a.out), command=f"orchestra reproduce conductor --seed {a.seed}")
     if a.report:
         Path(a.report).parent.mkdir(parents=True, exist_ok=True)
