@@ -29,6 +29,10 @@ DEFAULT_REWARD_WEIGHTS: Mapping[str, float] = {
 Visibility = Literal["all", "own", "last", "task"]
 
 
+Requirement = Literal["message", "candidate"]
+REQUIREMENTS: tuple[str, ...] = ("message", "candidate")
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """One worker as the env sees it."""
@@ -43,6 +47,10 @@ class WorkerSpec:
     # for tools: the verdicts whose message carries an answer (a calculator's FAIL states the right
     # value; a checker's FAIL only names the broken clue)
     answer_verdicts: tuple[str, ...] = ("pass",)
+    # preconditions of instructions: ("check", "candidate") masks check until a candidate answer
+    # exists, ("revise", "message") masks revise until some worker has spoken; the conductor is never
+    # offered a turn that has nothing to work on
+    requires: tuple[tuple[str, Requirement], ...] = ()
     role_prompt: str = ""  # system prompt (LLM workers)
     prompt_version: str = "v1"  # bump when the role prompt changes; logged in every message
 
@@ -71,6 +79,16 @@ class TeamEnvConfig:
         for i, w in enumerate(self.workers):
             if not w.instructions:
                 raise ValueError(f"workers[{i}] ({w.name}).instructions: give at least one instruction")
+            for ins, req in w.requires:
+                if ins not in w.instructions:
+                    raise ValueError(
+                        f"workers[{i}] ({w.name}).requires: {ins!r} is not one of its instructions "
+                        f"{list(w.instructions)}"
+                    )
+                if req not in REQUIREMENTS:
+                    raise ValueError(
+                        f"workers[{i}] ({w.name}).requires.{ins}: expected one of {list(REQUIREMENTS)}, got {req!r}"
+                    )
             for ins in w.instructions:
                 if ins not in self.instructions:
                     raise ValueError(

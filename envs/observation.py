@@ -123,14 +123,16 @@ class ObservationEncoder:
     def legal_mask(self, observations: np.ndarray) -> np.ndarray:
         """The env's action mask recovered from observation vectors, shape (B, num_actions) int8.
 
-        The mask is a function of the state (worker actions while turns are left; submit once a
-        candidate exists), and both facts are features, so a learned policy evaluated on logged
+        The mask is a function of the state (worker actions while turns are left, those with a
+        precondition once it holds: some worker has spoken, a candidate exists; submit once a
+        candidate exists), and all these facts are features, so a learned policy evaluated on logged
         next-observations (FQE targets, d3rlpy) can respect it without the env.
         """
         obs = np.atleast_2d(np.asarray(observations, dtype=np.float32))
         c = self.config
         turns_left = obs[:, self._names.index("turns_left_frac")] > 1e-6
         has_cand = obs[:, self._names.index("has_candidate")] > 0.5
+        met = {"candidate": has_cand, "message": obs[:, self._names.index("turns_left_frac")] < 1.0 - 1e-6}
         mask = np.zeros((obs.shape[0], c.num_actions), dtype=np.int8)
         mask[:, : c.submit_action] = turns_left[:, None]
         for a in range(c.submit_action):  # only the (worker, instruction) pairs the team declares
@@ -138,6 +140,8 @@ class ObservationEncoder:
             spec = next(w for w in c.workers if w.name == worker)
             if instruction not in spec.instructions:
                 mask[:, a] = 0
+            elif instruction in dict(spec.requires):
+                mask[:, a] *= met[dict(spec.requires)[instruction]]
         mask[:, c.submit_action] = has_cand
         return mask
 

@@ -147,11 +147,14 @@ class TeamEnv(AECEnv):
     def action_mask(self) -> np.ndarray:
         mask = np.zeros(self.config.num_actions, dtype=np.int8)
         if self.agents and self.agent_selection == CONDUCTOR and self.pending is None:
+            met = {"candidate": self._has_candidate(), "message": bool(self.transcript)}
             if self.turn < self.config.max_turns:  # budget spent: submitting is all that is left
                 for w in self.config.workers:
+                    requires = dict(w.requires)
                     for ins in w.instructions:
-                        mask[self.config.action_id(w.name, ins)] = 1
-            if self._has_candidate():
+                        if ins not in requires or met[requires[ins]]:
+                            mask[self.config.action_id(w.name, ins)] = 1
+            if met["candidate"]:
                 mask[self.config.submit_action] = 1
         return mask
 

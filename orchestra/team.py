@@ -14,7 +14,14 @@ from typing import Any
 
 import yaml
 
-from envs.config import DEFAULT_REWARD_WEIGHTS, REWARD_COMPONENTS, TeamEnvConfig, WorkerSpec
+from envs.config import (
+    DEFAULT_REWARD_WEIGHTS,
+    REQUIREMENTS,
+    REWARD_COMPONENTS,
+    Requirement,
+    TeamEnvConfig,
+    WorkerSpec,
+)
 from orchestra.backends.base import GenerationParams
 
 TEAMS_DIR = Path(__file__).parent / "teams"
@@ -122,6 +129,17 @@ def _verdicts(w: _Fields) -> list[str]:
     return [str(v) for v in vs]
 
 
+def _requires(w: _Fields) -> tuple[tuple[str, Requirement], ...]:
+    f = w.sub("requires", {})
+    out: list[tuple[str, Requirement]] = []
+    for ins in f.data:
+        req = f.get(ins, str)
+        if req not in REQUIREMENTS:
+            raise f.err(ins, f"expected one of {', '.join(REQUIREMENTS)}, got {req!r}")
+        out.append((str(ins), req))  # type: ignore[arg-type]
+    return tuple(out)
+
+
 def _generation(f: _Fields) -> GenerationParams:
     d = GenerationParams()
     stop = f.get("stop", list, list(d.stop))
@@ -198,6 +216,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
                 sees=sees if isinstance(sees, str) else tuple(sees),  # type: ignore[arg-type]
                 proposes_answer=w.get("proposes_answer", bool, kind == "llm"),
                 answer_verdicts=tuple(_verdicts(w)),
+                requires=_requires(w),
                 role_prompt=w.get("role_prompt", str, ""),
                 prompt_version=w.get("prompt_version", str, "v1"),
             )

@@ -77,6 +77,38 @@ def test_action_layout_and_mask() -> None:
         env.step(99)
 
 
+def test_preconditions_mask_turns_with_nothing_to_work_on() -> None:
+    base = _cfg()
+    workers = (
+        dataclasses.replace(base.workers[0], requires=(("revise", "message"),)),
+        base.workers[1],
+        dataclasses.replace(base.workers[2], requires=(("check", "candidate"),)),
+    )
+    env = TeamEnv(dataclasses.replace(base, workers=workers), get_family("arithmetic"))
+    env.reset(seed=3)
+    cfg, enc = env.config, env.encoder
+    task = env.task
+    assert task is not None
+
+    def legal() -> set[str]:
+        obs = env.observe(CONDUCTOR)
+        # the mask recovered from the observation vector alone agrees with the env's
+        np.testing.assert_array_equal(enc.legal_mask(obs["observation"])[0], obs["action_mask"])
+        return {cfg.action_label(a) for a in np.flatnonzero(obs["action_mask"])}
+
+    assert legal() == {"solver:solve", "calculator:check"}  # nothing to revise or review yet
+    with pytest.raises(IllegalActionError, match="masked"):
+        env.step(cfg.action_id("critic", "check"))
+    env.step(cfg.action_id("solver", "solve"))
+    env.step({"text": "I do not know.", "tokens": 4})
+    assert legal() == {"solver:solve", "solver:revise", "calculator:check"}  # a message, no candidate
+    env.step(cfg.action_id("solver", "revise"))
+    env.step({"text": f"Answer: {task.answer}", "tokens": 3})
+    assert legal() == {"solver:solve", "solver:revise", "calculator:check", "critic:check", "submit"}
+    with pytest.raises(ValueError, match=r"requires: 'fly' is not one of its instructions"):
+        dataclasses.replace(base, workers=(dataclasses.replace(base.workers[0], requires=(("fly", "message"),)),))
+
+
 def test_submit_terminates_and_scores_with_the_verifier() -> None:
     env = _arith_env()
     task = env.task

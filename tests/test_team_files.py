@@ -50,6 +50,14 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
             r"workers\[0\]\.sees: expected all, own, last, task",
         ),
         (lambda r: r["workers"][1].__setitem__("name", "solver"), r"duplicate worker names"),
+        (
+            lambda r: r["workers"][0].__setitem__("requires", {"revise": "luck"}),
+            r"workers\[0\]\.requires\.revise: expected one of message, candidate",
+        ),
+        (
+            lambda r: r["workers"][1].__setitem__("requires", {"solve": "message"}),
+            r"workers\[1\] \(calculator\)\.requires: 'solve' is not one of its instructions",
+        ),
     ],
 )
 def test_bad_team_file_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
