@@ -10,6 +10,7 @@ quotes. Every stage writes into one run directory and a rerun continues where a 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -29,7 +30,7 @@ from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, reco
 from policies import RULE_BASED
 from policies.dataset import ConductorDataset, FeatureSet, build_dataset
 from policies.distill import DistillConfig, distill
-from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, fqe_evaluate, train_offline
+from policies.offline import MODEL_FILE, FQEConfig, OfflineConductor, OfflineConfig, fqe_evaluate, train_offline
 from trajectories import read_many
 
 
@@ -110,6 +111,28 @@ def record_stage(cfg: Phase1Config, out: Path) -> dict[str, list[Path]]:
     return files
 
 
+def model_digest(folder: Path) -> str:
+    """sha256 over a learned conductor's checkpoint files (weights and conductor.json)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.iterdir() if p.name in (MODEL_FILE, "conductor.json")):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def drop_stale_evaluation(episodes: Path, model: Path) -> None:
+    """A rerun resumes evaluations, but a learned conductor retrained into other weights (changed
+    config, data or code) must be evaluated afresh: its episodes are kept only while the digest of the
+    model they were recorded with matches."""
+    digest_file = episodes.with_suffix(".model-sha256")
+    digest = model_digest(model)
+    if episodes.exists() and (not digest_file.exists() or digest_file.read_text().strip() != digest):
+        print(f"  {episodes.name}: the model changed since it was evaluated; evaluating it again")
+        episodes.unlink()
+    episodes.parent.mkdir(parents=True, exist_ok=True)
+    digest_file.write_text(digest + "\n", encoding="utf-8")
+
+
 def ope_table_md(rows: list[OPERow]) -> str:
     lines = [
         "| team | conductor | FQE estimate (logs only) | logged behaviour return | measured return [95% CI] |",
@@ -176,6 +199,11 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
             print(f"  {team_name}/{algo}: FQE {r.estimate:.3f} (logged behaviour {r.behaviour_return:.3f})")
 
     _stage(4, n, f"evaluating every conductor on {cfg.eval_episodes} held-out tasks per family (paired)")
+    for team_name, algos in learned.items():
+        for algo in algos:
+            drop_stale_evaluation(
+                out / "eval" / "episodes" / f"{team_name}-{algo}.jsonl", out / "models" / team_name / algo
+            )
     specs = list(RULE_BASED) + [f"{a}:{out / 'models'}/{{team}}/{a}" for a in cfg.algos]
     ec = EvaluateConfig(teams=cfg.teams, conductors=specs, episodes=cfg.eval_episodes, **cfg.run_options())
     rows, paths = evaluate(ec, out / "eval")
@@ -268,4 +296,14 @@ def reproduce_config(seed: int = 0) -> Phase1Config:
     )
 
 
-__all__ = ["OPERow", "Phase1Config", "Phase1Result", "demo_config", "ope_table_md", "reproduce_config", "run_phase1"]
+__all__ = [
+    "OPERow",
+    "drop_stale_evaluation",
+    "model_digest",
+    "Phase1Config",
+    "Phase1Result",
+    "demo_config",
+    "ope_table_md",
+    "reproduce_config",
+    "run_phase1",
+]

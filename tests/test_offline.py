@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from envs.observation import ObservationEncoder
+from orchestra.phase1 import drop_stale_evaluation, model_digest
 from orchestra.team import load_team
 from policies.checkpoint import LayoutError, PolicyError, load_conductor
 from policies.dataset import ConductorDataset, EpisodeInfo, build_dataset
@@ -148,6 +149,16 @@ def test_training_repeats_exactly_with_a_seed(tmp_path: Path, random_data: Condu
     np.testing.assert_array_equal(
         a.scores(random_data.observations, random_data.masks), b.scores(random_data.observations, random_data.masks)
     )
+    # the checkpoint bytes repeat too, so a resumed phase-1 run keeps evaluations of unchanged models
+    assert model_digest(tmp_path / "a") == model_digest(tmp_path / "b")
+    episodes = tmp_path / "eval" / "t-cql.jsonl"
+    drop_stale_evaluation(episodes, tmp_path / "a")
+    episodes.write_text("{}\n")
+    drop_stale_evaluation(episodes, tmp_path / "b")  # same weights: the evaluation is kept
+    assert episodes.exists()
+    train_offline(random_data, dataclasses.replace(cfg, seed=4), tmp_path / "b")
+    drop_stale_evaluation(episodes, tmp_path / "b")  # retrained into other weights: evaluated afresh
+    assert not episodes.exists()
 
 
 def test_fqe_estimates_a_known_policy_within_tolerance(random_data: ConductorDataset) -> None:
