@@ -67,6 +67,9 @@ class TeamEnvConfig:
     embedder: Literal["minilm", "hash", "none"] = "minilm"  # sentence encoder of the observation
     recent_messages: int = 1  # how many latest messages are embedded into the observation
     max_message_chars: int = 2000  # transcript entries are cut to this length in worker chats
+    # submit is legal before any candidate answer exists: the conductor may end a hopeless episode
+    # unanswered (scored as a failure) instead of spending turns until the budget truncates it
+    give_up: bool = False
 
     def __post_init__(self) -> None:
         names = [w.name for w in self.workers]

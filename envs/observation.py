@@ -125,8 +125,9 @@ class ObservationEncoder:
 
         The mask is a function of the state (worker actions while turns are left, those with a
         precondition once it holds: some worker has spoken, a candidate exists; submit once a
-        candidate exists), and all these facts are features, so a learned policy evaluated on logged
-        next-observations (FQE targets, d3rlpy) can respect it without the env.
+        candidate exists, or always where the team lets the conductor give up), and all these facts
+        are features, so a learned policy evaluated on logged next-observations (FQE targets,
+        d3rlpy) can respect it without the env.
         """
         obs = np.atleast_2d(np.asarray(observations, dtype=np.float32))
         c = self.config
@@ -142,7 +143,7 @@ class ObservationEncoder:
                 mask[:, a] = 0
             elif instruction in dict(spec.requires):
                 mask[:, a] *= met[dict(spec.requires)[instruction]]
-        mask[:, c.submit_action] = has_cand
+        mask[:, c.submit_action] = has_cand | c.give_up
         return mask
 
     @property

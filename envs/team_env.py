@@ -8,7 +8,8 @@ conductor's instruction, the task and the visible part of the transcript), as ``
 its action is its message text — the env holds no LLM (DESIGN §2): the rollout engine generates the
 text and passes it in.
 
-Ends: submitting → ``terminations`` (the verifier scores the candidate). The turn budget counts
+Ends: submitting → ``terminations`` (the verifier scores the candidate; a team with ``give_up`` may
+submit before any candidate exists, which ends the episode as a failure). The turn budget counts
 worker turns: once it is spent, submit is the only legal action if a candidate answer exists, and the
 episode is truncated (``truncations``, nothing submitted) if none does. Rewards are a named vector
 per step (``envs.config``), scalarised by the team's weights; every agent receives the scalar (the
@@ -154,7 +155,7 @@ class TeamEnv(AECEnv):
                     for ins in w.instructions:
                         if ins not in requires or met[requires[ins]]:
                             mask[self.config.action_id(w.name, ins)] = 1
-            if met["candidate"]:
+            if met["candidate"] or self.config.give_up:
                 mask[self.config.submit_action] = 1
         return mask
 
@@ -230,8 +231,11 @@ class TeamEnv(AECEnv):
             )
         if action == self.config.submit_action:
             assert self.task is not None
-            text = self.transcript[derive_flags({"transcript": self.transcript})["candidate_index"]]["text"]
-            self.final_verdict = self.family.verify(self.task, text)
+            index = derive_flags({"transcript": self.transcript})["candidate_index"]
+            if index is None:  # giving up (the team allows it): nothing to verify, a failure
+                self.final_verdict = Verdict(0.0, "gave up: submitted without a candidate answer")
+            else:
+                self.final_verdict = self.family.verify(self.task, self.transcript[index]["text"])
             vec["success"] = float(self.final_verdict.score)
             self.terminations = dict.fromkeys(self.agents, True)
             return

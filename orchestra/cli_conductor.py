@@ -62,6 +62,9 @@ def add_parsers(sub: Any, common: Callable[[argparse.ArgumentParser], None], epi
     p.add_argument("--lr", type=float, default=None, help="learning rate")
     p.add_argument("--gamma", type=float, default=None, help="discount")
     p.add_argument("--cql-alpha", type=float, default=None, help="CQL conservatism weight")
+    p.add_argument(
+        "--critics", type=int, default=None, help="Q ensemble size (BCQ, CQL); targets take the ensemble minimum"
+    )
     p.add_argument("--bcq-flexibility", type=float, default=None, help="BCQ action flexibility threshold")
     p.add_argument("--hidden", type=int, nargs="+", default=None, help="MLP hidden widths, e.g. 128 128")
     p.add_argument("--truncation", choices=["terminal", "bootstrap"], default=None, help="spent turn budget handling")
@@ -199,6 +202,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
         "learning_rate": a.lr,
         "gamma": a.gamma,
         "cql_alpha": a.cql_alpha,
+        "n_critics": a.critics,
         "bcq_action_flexibility": a.bcq_flexibility,
         "hidden_units": tuple(a.hidden) if a.hidden else None,
         "truncation": a.truncation,

@@ -50,6 +50,9 @@ class Phase1Config:
     # policy; here a few hundred episodes come from a handful of schedules widened by ε-exploration,
     # and α = 1 only re-learns the most frequent logged schedule. A small α lets the returns speak.
     cql_alpha: float = 0.02
+    # Q ensemble of the value-based learners: targets take the minimum over 2 critics, a pessimism that
+    # keeps actions seen only a few times in the logs (exploration) from looking better than they are
+    n_critics: int = 2
     features: FeatureSet = "structural"  # observation columns the learned conductors see: structural | all
     n_steps_per_epoch: int = 500  # steps per metrics row / checkpoint
     fqe_steps: int = 1500  # FQE gradient steps per learned conductor
@@ -178,6 +181,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 n_steps=cfg.n_steps,
                 n_steps_per_epoch=cfg.n_steps_per_epoch,
                 cql_alpha=cfg.cql_alpha,
+                n_critics=cfg.n_critics,
                 features=cfg.features,
                 seed=cfg.seed,
             )

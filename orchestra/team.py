@@ -136,7 +136,7 @@ def _requires(w: _Fields) -> tuple[tuple[str, Requirement], ...]:
         req = f.get(ins, str)
         if req not in REQUIREMENTS:
             raise f.err(ins, f"expected one of {', '.join(REQUIREMENTS)}, got {req!r}")
-        out.append((str(ins), req))  # type: ignore[arg-type]
+        out.append((str(ins), req))
     return tuple(out)
 
 
@@ -241,6 +241,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
             embedder=top.get("embedder", str, "minilm"),
             recent_messages=top.get("recent_messages", int, 1),
             max_message_chars=top.get("max_message_chars", int, 2000),
+            give_up=top.get("give_up", bool, False),
         )
     except ValueError as e:
         raise TeamFileError(f"{where}: {e}") from e

@@ -126,6 +126,23 @@ def test_submit_terminates_and_scores_with_the_verifier() -> None:
     assert env.final_verdict is not None and env.final_verdict.correct
 
 
+def test_give_up_ends_a_hopeless_episode_as_a_failure() -> None:
+    env = TeamEnv(dataclasses.replace(_cfg(), give_up=True), get_family("arithmetic"))
+    env.reset(seed=3)
+    obs = env.observe(CONDUCTOR)
+    assert obs["action_mask"][env.config.submit_action] == 1  # legal before any candidate
+    np.testing.assert_array_equal(env.encoder.legal_mask(obs["observation"])[0], obs["action_mask"])
+    env.step(env.config.action_id("solver", "solve"))
+    env.step({"text": "I do not know.", "tokens": 4})
+    env.step(env.config.submit_action)
+    assert all(env.terminations.values()) and not any(env.truncations.values())
+    assert env.step_reward_vector["success"] == 0.0
+    assert env.final_verdict is not None and not env.final_verdict.correct
+    assert "gave up" in env.final_verdict.reason
+    # without the option, submit waits for a candidate (test_action_layout_and_mask)
+    assert _arith_env().observe(CONDUCTOR)["action_mask"][env.config.submit_action] == 0
+
+
 def test_budget_leaves_only_submit_or_truncates() -> None:
     env = _arith_env(max_turns=2)
     task = env.task
