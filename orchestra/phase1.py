@@ -288,9 +288,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
 
 def demo_config(seed: int = 0) -> Phase1Config:
     """``orchestra demo``: phase 1 end to end, sized for about ten minutes on 2 CPU cores."""
-    return Phase1Config(
-        explore_conductors=["heuristic"], train_episodes=8, eval_episodes=12, n_steps=800, fqe_steps=600, seed=seed
-    )
+    return Phase1Config(train_episodes=16, eval_episodes=12, n_steps=1500, fqe_steps=800, seed=seed)
 
 
 def reproduce_config(seed: int = 0) -> Phase1Config:
