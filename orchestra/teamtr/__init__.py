@@ -2,9 +2,14 @@
 
 Pure-function layer: losses, advantages and KL estimators (:mod:`orchestra.teamtr.losses`) and credit
 assignment (:mod:`orchestra.teamtr.credit`). Formulas: the design notes ``research/algorithms.md``.
+Testbed: the telephone chain of tiny LoRA LMs with exact evaluation (:mod:`orchestra.teamtr.chain`), re-exported
+lazily so that importing the pure layer does not import transformers and peft.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from orchestra.teamtr.credit import (
     DROP,
@@ -35,16 +40,102 @@ from orchestra.teamtr.losses import (
     sequence_logratio,
 )
 
+if TYPE_CHECKING:
+    from orchestra.teamtr.chain import (
+        ChainBatch,
+        ChainConfig,
+        ChainModelConfig,
+        ChainTeam,
+        WarmStartReport,
+        agent_logits,
+        agent_logprobs,
+        drift_b,
+        drift_b_terms,
+        drift_d,
+        drift_d_terms,
+        exact_success,
+        exact_success_with,
+        message_logits,
+        noisy_pass_through,
+        occupancies,
+        own_step_kl,
+        own_step_terms,
+        own_step_tv,
+        pass_probabilities,
+        policy_matrices,
+        policy_matrix,
+        row_tv,
+        sample_rollouts,
+        stale_mismatch_terms,
+        team_success,
+        tv_distance,
+        warm_start,
+    )
+
+_CHAIN = frozenset(
+    {
+        "ChainBatch",
+        "ChainConfig",
+        "ChainModelConfig",
+        "ChainTeam",
+        "WarmStartReport",
+        "agent_logits",
+        "agent_logprobs",
+        "drift_b",
+        "drift_b_terms",
+        "drift_d",
+        "drift_d_terms",
+        "exact_success",
+        "exact_success_with",
+        "message_logits",
+        "noisy_pass_through",
+        "occupancies",
+        "own_step_kl",
+        "own_step_terms",
+        "own_step_tv",
+        "pass_probabilities",
+        "policy_matrices",
+        "policy_matrix",
+        "row_tv",
+        "sample_rollouts",
+        "stale_mismatch_terms",
+        "team_success",
+        "tv_distance",
+        "warm_start",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy re-export of :mod:`orchestra.teamtr.chain` (PEP 562): it imports transformers and peft."""
+    if name in _CHAIN:
+        return getattr(importlib.import_module("orchestra.teamtr.chain"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "AGGREGATIONS",
     "DROP",
+    "ChainBatch",
+    "ChainConfig",
+    "ChainModelConfig",
+    "ChainTeam",
     "ShapleyEstimate",
+    "WarmStartReport",
     "adaptive_kl_coef_lagrangian",
     "adaptive_kl_coef_ppo",
     "adaptive_kl_coef_proportional",
+    "agent_logits",
+    "agent_logprobs",
     "agentwise_normalise",
     "aggregate_loss",
     "counterfactual_value",
+    "drift_b",
+    "drift_b_terms",
+    "drift_d",
+    "drift_d_terms",
+    "exact_success",
+    "exact_success_with",
     "grpo_advantages",
     "happo_factor",
     "informative_groups",
@@ -56,8 +147,23 @@ __all__ = [
     "kl_swapped_k3",
     "leave_one_out_credit",
     "masked_mean",
+    "message_logits",
+    "noisy_pass_through",
+    "occupancies",
+    "own_step_kl",
+    "own_step_terms",
+    "own_step_tv",
+    "pass_probabilities",
+    "policy_matrices",
+    "policy_matrix",
     "ppo_clip_loss",
+    "row_tv",
+    "sample_rollouts",
     "sequence_logratio",
     "shapley_exact",
     "shapley_monte_carlo",
+    "stale_mismatch_terms",
+    "team_success",
+    "tv_distance",
+    "warm_start",
 ]
