@@ -110,6 +110,8 @@ def __getattr__(name: str) -> Any:
     """Lazy re-export of :mod:`orchestra.teamtr.chain` (PEP 562): it imports transformers and peft."""
     if name in _CHAIN:
         return getattr(importlib.import_module("orchestra.teamtr.chain"), name)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -166,4 +168,60 @@ __all__ = [
     "team_success",
     "tv_distance",
     "warm_start",
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# the TeamTR trainer (torch only) and the chain's trainer adapter (imports transformers and peft): lazy as well, so
+# that importing the pure layer stays cheap.
+
+if TYPE_CHECKING:
+    from orchestra.teamtr.team import ChainRollout, ChainTrainable
+    from orchestra.teamtr.trainer import (
+        SCHEMES,
+        AgentState,
+        RolloutBatch,
+        TeamTRConfig,
+        TrainableTeam,
+        TrainHooks,
+        TrainLog,
+        UpdateInputs,
+        compute_advantages,
+        team_loss,
+        train,
+        update_agents,
+    )
+
+_TRAINER = (
+    "SCHEMES",
+    "AgentState",
+    "RolloutBatch",
+    "TeamTRConfig",
+    "TrainHooks",
+    "TrainLog",
+    "TrainableTeam",
+    "UpdateInputs",
+    "compute_advantages",
+    "team_loss",
+    "train",
+    "update_agents",
+)
+_LAZY: dict[str, str] = {name: "orchestra.teamtr.trainer" for name in _TRAINER} | {
+    "ChainRollout": "orchestra.teamtr.team",
+    "ChainTrainable": "orchestra.teamtr.team",
+}
+__all__ += [
+    "SCHEMES",
+    "AgentState",
+    "ChainRollout",
+    "ChainTrainable",
+    "RolloutBatch",
+    "TeamTRConfig",
+    "TrainHooks",
+    "TrainLog",
+    "TrainableTeam",
+    "UpdateInputs",
+    "compute_advantages",
+    "team_loss",
+    "train",
+    "update_agents",
 ]

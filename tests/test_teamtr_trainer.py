@@ -1,0 +1,279 @@
+"""TeamTR trainer (orchestra/teamtr/trainer.py) on the telephone chain (orchestra/teamtr/team.py): the schemes'
+structural facts (telephone-chain.md), the trust region, adapter isolation and a learning check."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Literal
+
+import pytest
+import torch
+
+from orchestra.teamtr.chain import LLAMA_LINEAR_MODULES, ChainConfig, ChainTeam, team_success, warm_start
+from orchestra.teamtr.losses import kl_exact
+from orchestra.teamtr.team import ChainRollout, ChainTrainable
+from orchestra.teamtr.trainer import Scheme, TeamTRConfig, TrainHooks, TrainLog, train
+
+V = 8
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models are dispatch-bound
+    yield
+    torch.set_num_threads(threads)
+
+
+_WARM: dict[tuple[int, int], list[dict[str, torch.Tensor]]] = {}
+
+
+def _team(n: int, vocab: int = V, *, warm: bool = True, all_modules: bool = False) -> ChainTrainable:
+    """A fresh chain team; warm-started ones are built once per (n, V) and their adapters copied (deterministic).
+
+    LoRA on lm_head only by default (fast); ``all_modules`` puts it on every linear layer of the shared base.
+    """
+    targets = LLAMA_LINEAR_MODULES if all_modules else ("lm_head",)
+    cfg = ChainConfig(n_agents=n, vocab_size=vocab, seed=0, lora_targets=targets)
+    team = ChainTeam(cfg)
+    if warm:
+        key = (n, vocab)
+        if key not in _WARM:
+            warm_start(team)
+            _WARM[key] = [team.adapter_state(i) for i in range(n)]
+        for i, state in enumerate(_WARM[key]):
+            team.load_adapter_state(i, state)
+    return ChainTrainable(team)
+
+
+def _params(team: ChainTrainable) -> list[dict[str, torch.Tensor]]:
+    return [team.state(i) for i in range(len(team.agent_names))]
+
+
+def _assert_same(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> None:
+    for sa, sb in zip(a, b, strict=True):
+        for k in sa:
+            assert torch.equal(sa[k], sb[k]), k
+
+
+BASE = TeamTRConfig(
+    order="fixed", num_stages=1, batch_size=128, num_epochs=3, num_minibatches=2, lr=1e-2, delta=0.02, seed=3
+)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the data each scheme trains on
+
+
+def test_teamtr_batch_is_sampled_by_the_current_team() -> None:
+    """teamtr: the batch of every update was sampled by the team as it is at that moment — behaviour log-probs equal
+    the current log-probs for EVERY agent (earlier ones already updated); naive's stale batch violates this."""
+
+    def gaps(scheme: Scheme) -> list[tuple[int, list[float]]]:
+        team = _team(3)
+        seen: list[tuple[int, list[float]]] = []
+
+        def before(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+            with torch.no_grad():
+                seen.append(
+                    (
+                        agents[0],
+                        [float((batch.behaviour_logprobs[j] - team.logprobs(j, batch)).abs().max()) for j in range(3)],
+                    )
+                )
+
+        log = train(team, replace(BASE, scheme=scheme, num_stages=2), hooks=TrainHooks(before_update=before))
+        assert len(seen) == 6
+        for u in log.updates:  # the trainer's own diagnostic agrees
+            assert u[f"agent/agent_{int(u['rollout/agent'])}/behaviour_gap"] < 1e-5
+        return seen
+
+    for agent, g in gaps("teamtr"):
+        assert max(g) < 1e-5, (agent, g)  # the whole batch comes from the current team
+    stale = gaps("naive")
+    for agent, g in stale:
+        assert g[agent] < 1e-5  # the updated agent itself has not moved yet in this stage
+    # naive: the last agent of a stage trains on a batch whose earlier agents have since been updated
+    assert max(stale[2][1][:2]) > 1e-3
+
+
+def test_naive_is_order_invariant_and_equals_joint_indep() -> None:
+    """telephone-chain.md structural fact 1: with a cached batch the sequential naive update is a simultaneous one."""
+    results = []
+    runs: tuple[tuple[Scheme, tuple[int, ...]], ...] = (
+        ("naive", (0, 1, 2)),
+        ("naive", (2, 1, 0)),
+        ("joint_indep", (0, 1, 2)),
+    )
+    for scheme, order in runs:
+        team = _team(3)
+        log = train(team, replace(BASE, scheme=scheme, fixed_order=order))
+        assert sum(u["trust/backtracks"] for u in log.updates) > 0  # the trust region took part
+        results.append(_params(team))
+    _assert_same(results[0], results[1])
+    _assert_same(results[0], results[2])
+    start = _params(_team(3))
+    assert all(not torch.equal(start[i][k], results[0][i][k]) for i in range(3) for k in start[i])
+
+
+def test_happo_with_one_agent_is_ppo() -> None:
+    """With n = 1 the HAPPO factor is the empty product and teamtr's fresh batch is naive's stage batch."""
+    results = []
+    schemes: tuple[Scheme, ...] = ("happo", "naive", "teamtr")
+    for scheme in schemes:
+        team = _team(1)
+        log = train(team, replace(BASE, scheme=scheme, num_stages=2))
+        results.append(_params(team))
+        if scheme == "happo":
+            assert all(u["losses/happo_factor_mean"] == 1.0 for u in log.updates)
+    _assert_same(results[0], results[1])
+    _assert_same(results[0], results[2])
+
+
+def test_happo_factor_weights_later_agents() -> None:
+    team = _team(2)
+    log = train(team, replace(BASE, scheme="happo"))
+    first, second = log.updates
+    assert first["losses/happo_factor_max"] == 1.0
+    assert second["losses/happo_factor_max"] != 1.0  # the earlier agent's ratios on the stale batch
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# trust region and isolation
+
+
+@pytest.mark.parametrize("estimator", ["exact", "k3"])
+def test_every_update_respects_the_kl_budget(estimator: Literal["exact", "k3"]) -> None:
+    delta = 0.005
+    team = _team(2)
+    old_logits: dict[int, torch.Tensor] = {}
+    checked: list[float] = []
+
+    def before(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+        with torch.no_grad():
+            old_logits.update({i: team.logits(i, batch) for i in agents})
+
+    def after(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+        with torch.no_grad():
+            for i in agents:  # independent exact measurement, per-token over agent i's own tokens
+                checked.append(float(kl_exact(team.logits(i, batch), old_logits[i], batch.mask[i])))
+
+    cfg = replace(BASE, num_stages=2, num_epochs=4, lr=3e-2, delta=delta, kl_estimator=estimator, order="random")
+    schemes: tuple[Scheme, ...] = ("teamtr", "naive", "joint")
+    for scheme in schemes:
+        log = train(team, replace(cfg, scheme=scheme), hooks=TrainHooks(before, after))
+        assert sum(u["trust/backtracks"] for u in log.updates) > 0  # the budget binds: not vacuous
+        for u in log.updates:
+            for name in team.agent_names:
+                if f"agent/{name}/kl_trust" in u:
+                    assert u[f"agent/{name}/kl_trust"] <= delta + 1e-6
+                    assert u[f"agent/{name}/kl_{estimator}"] == u[f"agent/{name}/kl_trust"]
+    if estimator == "exact":
+        assert max(checked) <= delta + 1e-6
+    assert max(checked) > 0.0  # the agents moved
+
+
+def test_only_the_updated_agents_adapter_changes() -> None:
+    team = _team(3, vocab=4, warm=False, all_modules=True)  # LoRA on every module of the shared base
+    snapshots: list[tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = []
+
+    def base() -> dict[str, torch.Tensor]:
+        return {k: p.detach().clone() for k, p in team.team.base_parameters().items()}
+
+    def before(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+        snapshots.append((_params(team), base()))
+
+    def after(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+        adapters, base_before = snapshots.pop()
+        now = _params(team)
+        for i in range(3):
+            same = all(torch.equal(adapters[i][k], now[i][k]) for k in now[i])
+            assert same == (i not in agents), (i, agents)
+        assert all(torch.equal(base_before[k], v) for k, v in base().items())
+
+    schemes: tuple[Scheme, ...] = ("teamtr", "joint")
+    for scheme in schemes:  # joint: every agent moves in the one update
+        train(team, replace(BASE, scheme=scheme, order="random", delta=0.05), hooks=TrainHooks(before, after))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# learning, logging, options
+
+
+def test_teamtr_raises_exact_team_success() -> None:
+    team = _team(3)
+    j0 = team_success(team.team)
+    cfg = TeamTRConfig(
+        scheme="teamtr", num_stages=3, batch_size=256, num_epochs=4, num_minibatches=2, lr=1e-2, delta=0.02, seed=0
+    )
+    log = train(team, cfg)
+    j_end = team_success(team.team)
+    assert j_end > j0 + 0.1, (j0, j_end)
+    assert log.stages[0]["perf/team_success_start"] == pytest.approx(j0)
+    assert log.stages[-1]["perf/team_success"] == pytest.approx(j_end)
+    assert log.updates[-1]["rollout/episodes"] == 3 * 3 * 256  # n fresh batches per stage
+    assert log.updates[-1]["rollout/tokens"] == 3 * 3 * 256 * 3
+
+
+def _check_keys(log: TrainLog) -> None:
+    prefixes = ("rollout/", "losses/", "kl/", "trust/", "perf/", "agent/", "certificate/")
+    for row in [*log.updates, *log.stages]:
+        assert all(k.startswith(prefixes) and isinstance(v, float) for k, v in row.items()), row
+
+
+def test_metrics_are_flat_and_namespaced() -> None:
+    team = _team(2)
+    log = train(team, replace(BASE, num_stages=2))
+    _check_keys(log)
+    assert len(log.updates) == 4 and len(log.stages) == 2
+    u = log.updates[0]
+    for key in ("losses/surrogate_gain", "kl/k1", "kl/k3", "kl/exact", "losses/clip_fraction", "losses/entropy"):
+        assert key in u
+    for key in ("backtracks", "accepted", "optimizer_steps", "surrogate_gain", "kl_exact", "entropy"):
+        assert f"agent/agent_{int(u['rollout/agent'])}/{key}" in u
+    s = log.stages[0]
+    assert s["certificate/proxy"] == pytest.approx(s["certificate/surrogate_sum"] - s["certificate/kl_penalty_sum"])
+    assert {"perf/team_success", "perf/team_success_delta", "perf/stage_seconds"} <= s.keys()
+
+
+def test_penalty_mode_adapts_beta_and_ref_kl_runs() -> None:
+    team = _team(2)
+    cfg = replace(BASE, num_stages=2, trust_region="penalty", delta=1e-4, kl_penalty_coef=1.0, ref_kl_coef=0.1)
+    log = train(team, cfg)
+    _check_keys(log)
+    assert log.updates[0]["trust/backtracks"] == 0.0
+    betas = [u["agent/agent_0/kl_coef"] for u in log.updates if u["rollout/agent"] == 0.0]
+    assert betas[0] == 2.0  # KL far above 1.5·δ → β doubled (PPO rule)
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        TeamTRConfig(scheme="bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        TeamTRConfig(delta=0.0)
+    with pytest.raises(ValueError):
+        TeamTRConfig(batch_size=2, num_minibatches=4)
+    with pytest.raises(ValueError):
+        train(_team(2, warm=False), TeamTRConfig(delta=(0.01,), num_stages=1))
+
+
+def test_other_options_run() -> None:
+    """No trust region, persistent Adam, k1 estimator, batch-mean baseline, HAPPO per-token mean and clipped factor."""
+    team = _team(2)
+    cfg = replace(
+        BASE,
+        scheme="happo",
+        num_stages=2,
+        trust_region="none",
+        optimizer_state="persistent",
+        kl_estimator="k1",
+        advantage="batch_mean",
+        happo_reduce="mean",
+        happo_max_log_factor=0.1,
+        delta=(0.01, 0.02),
+    )
+    log = train(team, cfg)
+    _check_keys(log)
+    assert all(u["trust/backtracks"] == 0.0 and u["trust/optimizer_steps"] == 6.0 for u in log.updates)
+    assert max(u["losses/happo_factor_max"] for u in log.updates) <= float(torch.exp(torch.tensor(0.1))) + 1e-6
