@@ -175,6 +175,7 @@ __all__ = [
 # that importing the pure layer stays cheap.
 
 if TYPE_CHECKING:
+    from orchestra.teamtr.checkpoint import Checkpoint, CheckpointError, ConfigMismatchError, RunDirectory
     from orchestra.teamtr.team import ChainRollout, ChainTrainable
     from orchestra.teamtr.trainer import (
         SCHEMES,
@@ -208,13 +209,21 @@ _TRAINER = (
 _LAZY: dict[str, str] = {name: "orchestra.teamtr.trainer" for name in _TRAINER} | {
     "ChainRollout": "orchestra.teamtr.team",
     "ChainTrainable": "orchestra.teamtr.team",
+    "Checkpoint": "orchestra.teamtr.checkpoint",
+    "CheckpointError": "orchestra.teamtr.checkpoint",
+    "ConfigMismatchError": "orchestra.teamtr.checkpoint",
+    "RunDirectory": "orchestra.teamtr.checkpoint",
 }
 __all__ += [
     "SCHEMES",
     "AgentState",
     "ChainRollout",
     "ChainTrainable",
+    "Checkpoint",
+    "CheckpointError",
+    "ConfigMismatchError",
     "RolloutBatch",
+    "RunDirectory",
     "TeamTRConfig",
     "TrainHooks",
     "TrainLog",

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from orchestra.teamtr.chain import (
     ChainBatch,
+    ChainConfig,
     ChainTeam,
     agent_logits,
     agent_logprobs,
@@ -71,6 +72,11 @@ class ChainTrainable:
 
     def __init__(self, team: ChainTeam) -> None:
         self.team = team
+
+    @property
+    def config(self) -> ChainConfig:
+        """The chain's config (``ConfiguredTeam``): written into run directories and checked on resume."""
+        return self.team.cfg
 
     @property
     def agent_names(self) -> tuple[str, ...]:

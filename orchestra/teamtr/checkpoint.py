@@ -1,0 +1,488 @@
+"""Run directory of a TeamTR run: resolved config, metrics files and stage checkpoints (DESIGN §6). Torch only.
+
+Layout of ``out_dir`` (written by :func:`orchestra.teamtr.trainer.train`)::
+
+    config.json                  resolved config: {"format", "trainer": TeamTRConfig, "team": the team's config}
+    updates.jsonl  updates.csv   one flat metrics row per update (CSV columns = union of keys, first-seen order)
+    stages.jsonl   stages.csv    one flat metrics row per stage
+    checkpoints/
+        latest                   name of the newest complete checkpoint (written to a temp file, then renamed)
+        stage-0003/              the state after 3 completed stages (the run resumes at stage index 3)
+            config.json          the resolved config this checkpoint was written under
+            trainer_state.json   stage, counters, metrics row counts, β_i, the team's exact success, numpy RNG scalars
+            rng.pt               torch.Generator states (rollouts, orders), torch global (+ CUDA), numpy MT19937 keys
+            adapters/{agent}.safetensors    every agent's trainable parameters (TrainableTeam.state)
+            reference/{agent}.safetensors   the adapters at train start (only when ref_kl_coef > 0)
+            optimizers/{agent}.pt           Adam state_dict (only optimizer_state="persistent", once created)
+            manifest.json        sha256 of every file above: a damaged file is named, never silently loaded
+
+Every ``.pt`` file holds only tensors, numbers, strings, lists, tuples and dicts and is read with
+``torch.load(..., weights_only=True)``: nothing is unpickled beyond that allow-list. A checkpoint directory is written
+under a temporary name and renamed when complete, so a killed run never leaves a half-written ``stage-XXXX``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor
+
+from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
+from orchestra.teamtr.protocols import Metrics, TrainableTeam
+
+FORMAT = "orchestra.teamtr.run/1"
+METRICS_FILES = ("updates", "stages")
+_STAGE_DIR = re.compile(r"^stage-(\d{4,})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint or metrics file is missing, damaged or does not fit the team; the message names the file."""
+
+
+class ConfigMismatchError(ValueError):
+    """Resuming under a config that differs from the checkpoint's; the message names every differing field."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# resolved config
+
+
+def _jsonable(value: Any) -> Any:
+    """Dataclasses → dicts, tuples → lists, recursively (the JSON form that is written and compared)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def resolved_config(cfg: TeamTRConfig, team_config: Any, team_type: str) -> dict[str, Any]:
+    """The config written into the run directory and every checkpoint (and compared on resume)."""
+    return {"format": FORMAT, "trainer": _jsonable(cfg), "team_type": team_type, "team": _jsonable(team_config)}
+
+
+def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: value}
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Dotted names of the fields that differ (``trainer.scheme``, ``team.model.hidden_size``…), ignoring the
+    trainer knobs in :data:`~orchestra.teamtr.config.RESUMABLE_FIELDS`."""
+    a, b = _flatten(saved, ""), _flatten(current, "")
+    ignored = {f"trainer.{name}" for name in RESUMABLE_FIELDS}
+    return [
+        f"{k} ({a.get(k, '<absent>')!r} → {b.get(k, '<absent>')!r})"
+        for k in sorted(a.keys() | b.keys())
+        if k not in ignored and a.get(k, "<absent>") != b.get(k, "<absent>")
+    ]
+
+
+def check_config(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
+    """Raise :class:`ConfigMismatchError` naming every differing field between ``saved`` (read from ``source``)
+    and ``current``."""
+    diffs = config_differences(saved, current)
+    if diffs:
+        raise ConfigMismatchError(f"cannot resume: the config differs from {source} in " + "; ".join(diffs))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, then rename it over ``path`` (readers see the old or the new file)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    """JSON of ``path``; a missing or unreadable file is a :class:`CheckpointError` naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as e:
+        raise CheckpointError(f"missing file {path}") from e
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"damaged file {path}: {e}") from e
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# metrics: one writer, JSONL (the record) + CSV (columns = union of keys)
+
+
+class MetricsWriter:
+    """Appends flat metrics rows to ``{name}.jsonl`` and ``{name}.csv`` of a run directory.
+
+    CSV columns are the union of the keys in first-seen order; a row that brings new keys rewrites the CSV from
+    the rows so far (atomically), every other row is appended. Files are flushed on every :meth:`append`.
+    """
+
+    def __init__(self, run_dir: Path, name: str, rows: Sequence[Metrics] = ()) -> None:
+        self.jsonl = run_dir / f"{name}.jsonl"
+        self.csv = run_dir / f"{name}.csv"
+        self.rows: list[Metrics] = list(rows)
+        self.columns: list[str] = []
+        self._add_columns(self.rows)
+        write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
+        self._rewrite_csv()
+
+    def _add_columns(self, rows: Iterable[Metrics]) -> bool:
+        seen = set(self.columns)
+        new = False
+        for r in rows:
+            for k in r:
+                if k not in seen:
+                    seen.add(k)
+                    self.columns.append(k)
+                    new = True
+        return new
+
+    def _rewrite_csv(self) -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=self.columns, restval="")
+        w.writeheader()
+        w.writerows(self.rows)
+        write_text_atomic(self.csv, buf.getvalue())
+
+    def append(self, rows: Sequence[Metrics]) -> None:
+        if not rows:
+            return
+        self.rows.extend(rows)
+        with self.jsonl.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        if self._add_columns(rows):
+            self._rewrite_csv()
+            return
+        with self.csv.open("a", encoding="utf-8", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.columns, restval="").writerows(rows)
+
+
+def read_metrics(run_dir: Path, name: str, num_rows: int) -> list[Metrics]:
+    """The first ``num_rows`` rows of ``{name}.jsonl`` (a resumed run drops the rows written after its checkpoint)."""
+    path = run_dir / f"{name}.jsonl"
+    if num_rows == 0:
+        return []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        rows = [json.loads(line) for line in lines[:num_rows]]
+    except FileNotFoundError as e:
+        raise CheckpointError(f"missing metrics file {path} (the checkpoint expects {num_rows} rows)") from e
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"damaged metrics file {path}: {e}") from e
+    if len(rows) < num_rows:
+        raise CheckpointError(f"metrics file {path} holds {len(rows)} rows, the checkpoint expects {num_rows}")
+    return [{k: float(v) for k, v in r.items()} for r in rows]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+@dataclass
+class Checkpoint:
+    """Everything a run needs to continue after ``stage`` completed stages (the in-memory ``stage-XXXX/``)."""
+
+    config: dict[str, Any]  # resolved config (:func:`resolved_config`)
+    stage: int  # completed stages = the next stage index
+    counters: dict[str, Any]  # update_index, episodes, tokens, wall_seconds, success, metrics row counts
+    agent_names: tuple[str, ...]
+    adapters: list[dict[str, Tensor]]  # per agent, TrainableTeam.state
+    references: list[dict[str, Tensor]] | None  # per agent, adapters at train start (ref_kl_coef > 0)
+    optimizers: list[dict[str, Any] | None]  # per agent, Adam state_dict or None
+    kl_coefs: list[float]  # per agent, penalty β_i
+    generators: dict[str, Tensor]  # torch.Generator.get_state() by purpose ("rollout", "order")
+    global_rng: dict[str, Tensor] = dataclasses.field(default_factory=dict)  # process-wide RNGs (filled on load)
+    numpy_rng: dict[str, Any] = dataclasses.field(default_factory=dict)  # numpy legacy RNG scalars (filled on load)
+    source: Path | None = None  # the directory it was read from (error messages)
+
+    def restore_global_rng(self) -> None:
+        """Set the process-wide torch (+ CUDA) and numpy RNGs to their state when the checkpoint was written."""
+        if self.global_rng:
+            set_global_rng_state(self.global_rng, self.numpy_rng)
+
+
+def stage_dir_name(stage: int) -> str:
+    return f"stage-{stage:04d}"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def global_rng_state() -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Process-wide RNG states (a team may draw from them, e.g. dropout): torch CPU (+ CUDA) and numpy's legacy one."""
+    tensors = {"torch_global": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"torch_cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    return tensors, {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_global_rng_state(tensors: dict[str, Tensor], numpy_scalars: dict[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_global"])
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    keys = tensors["numpy_keys"].numpy().astype(np.uint32)
+    np.random.set_state(
+        (
+            numpy_scalars["kind"],
+            keys,
+            numpy_scalars["pos"],
+            numpy_scalars["has_gauss"],
+            numpy_scalars["cached_gaussian"],
+        )
+    )
+
+
+def save_checkpoint(root: Path, ckpt: Checkpoint, keep: int) -> Path:
+    """Write ``root/stage-XXXX/`` (temp dir + rename), point ``root/latest`` at it, keep the newest ``keep``."""
+    root.mkdir(parents=True, exist_ok=True)
+    name = stage_dir_name(ckpt.stage)
+    final = root / name
+    tmp = root / f".tmp-{name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    files: list[Path] = []
+
+    def _save_tensors(path: Path, state: dict[str, Tensor]) -> None:
+        path.parent.mkdir(exist_ok=True)
+        save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path))
+        files.append(path)
+
+    for agent, state in zip(ckpt.agent_names, ckpt.adapters, strict=True):
+        _save_tensors(tmp / "adapters" / f"{agent}.safetensors", state)
+    for agent, state in zip(ckpt.agent_names, ckpt.references or [], strict=False):
+        _save_tensors(tmp / "reference" / f"{agent}.safetensors", state)
+    for agent, opt in zip(ckpt.agent_names, ckpt.optimizers, strict=True):
+        if opt is not None:
+            (tmp / "optimizers").mkdir(exist_ok=True)
+            torch.save(opt, tmp / "optimizers" / f"{agent}.pt")
+            files.append(tmp / "optimizers" / f"{agent}.pt")
+    rng_tensors, numpy_scalars = global_rng_state()
+    torch.save({**{f"generator_{k}": v for k, v in ckpt.generators.items()}, **rng_tensors}, tmp / "rng.pt")
+    trainer_state = {
+        "stage": ckpt.stage,
+        "agent_names": list(ckpt.agent_names),
+        "counters": ckpt.counters,
+        "kl_coefs": ckpt.kl_coefs,
+        "optimizers": [opt is not None for opt in ckpt.optimizers],
+        "references": ckpt.references is not None,
+        "numpy_rng": numpy_scalars,
+    }
+    (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
+    (tmp / "config.json").write_text(json.dumps(ckpt.config, indent=2), encoding="utf-8")
+    files += [tmp / "rng.pt", tmp / "trainer_state.json", tmp / "config.json"]
+    manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    if final.exists():  # left by a killed run after its rename but before `latest` moved on
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    write_text_atomic(root / "latest", name + "\n")
+    stages = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STAGE_DIR.match(p.name)) and p.is_dir())
+    for _, old in stages[:-keep]:
+        if old != final:
+            shutil.rmtree(old)
+    return final
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint ``root/latest`` names; None if there is none yet. A ``latest`` naming a missing directory is a
+    :class:`CheckpointError`."""
+    pointer = root / "latest"
+    if not pointer.exists():
+        return None
+    path = root / pointer.read_text(encoding="utf-8").strip()
+    if not path.is_dir():
+        raise CheckpointError(f"{pointer} names {path}, which does not exist")
+    return path
+
+
+def _load_tensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own SafetensorsError / OSError
+        raise CheckpointError(f"damaged checkpoint file {path}: {e}") from e
+
+
+def _load_pt(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError (not on the weights_only allow-list), RuntimeError (truncated zip)
+        raise CheckpointError(f"damaged checkpoint file {path}: {e}") from e
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Read ``stage-XXXX/`` back, verifying every file against its manifest first (no process state is touched).
+
+    Raises :class:`CheckpointError` naming the first missing or damaged file.
+    """
+    manifest = read_json(path / "manifest.json")
+    for rel, digest in manifest.items():
+        file = path / rel
+        if not file.is_file():
+            raise CheckpointError(f"missing checkpoint file {file}")
+        if _sha256(file) != digest:
+            raise CheckpointError(f"damaged checkpoint file {file}: sha256 differs from {path / 'manifest.json'}")
+    state = read_json(path / "trainer_state.json")
+    names = tuple(state["agent_names"])
+    for required in [*(f"adapters/{a}.safetensors" for a in names), "rng.pt", "trainer_state.json", "config.json"]:
+        if required not in manifest:
+            raise CheckpointError(f"missing checkpoint file {path / required} (not in its manifest)")
+    adapters = [_load_tensors(path / "adapters" / f"{a}.safetensors") for a in names]
+    references = (
+        [_load_tensors(path / "reference" / f"{a}.safetensors") for a in names] if state["references"] else None
+    )
+    optimizers = [
+        _load_pt(path / "optimizers" / f"{a}.pt") if has else None
+        for a, has in zip(names, state["optimizers"], strict=True)
+    ]
+    rng = _load_pt(path / "rng.pt")
+    return Checkpoint(
+        config=read_json(path / "config.json"),
+        stage=int(state["stage"]),
+        counters=state["counters"],
+        agent_names=names,
+        adapters=adapters,
+        references=references,
+        optimizers=optimizers,
+        kl_coefs=[float(b) for b in state["kl_coefs"]],
+        generators={k.removeprefix("generator_"): v for k, v in rng.items() if k.startswith("generator_")},
+        global_rng={k: v for k, v in rng.items() if not k.startswith("generator_")},
+        numpy_rng=state["numpy_rng"],
+    )
+
+
+def check_adapter_state(file: Path, loaded: dict[str, Tensor], expected: dict[str, Tensor]) -> None:
+    """A loaded adapter must have the team's parameter names, shapes and dtypes; else a :class:`CheckpointError`."""
+    if loaded.keys() != expected.keys():
+        missing, extra = sorted(expected.keys() - loaded.keys()), sorted(loaded.keys() - expected.keys())
+        raise CheckpointError(f"checkpoint file {file} does not fit the team: missing {missing[:3]}, extra {extra[:3]}")
+    for k, v in expected.items():
+        if loaded[k].shape != v.shape or loaded[k].dtype != v.dtype:
+            raise CheckpointError(
+                f"checkpoint file {file}: {k} is {tuple(loaded[k].shape)} {loaded[k].dtype}, "
+                f"the team has {tuple(v.shape)} {v.dtype}"
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run directory
+
+
+class RunDirectory:
+    """``out_dir`` of one run: checks and writes ``config.json``, finds the checkpoint to resume from, truncates the
+    metrics files back to it, then appends metrics and writes a checkpoint at the end of every stage.
+
+    ``resume``: False = a new run (``out_dir`` must not hold one); True = continue from ``checkpoints/latest`` (a fresh
+    start if there is no checkpoint yet); a path = continue from that ``stage-XXXX`` directory.
+    """
+
+    def __init__(self, path: str | Path, config: dict[str, Any], resume: bool | str | Path) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        config_file = self.path / "config.json"
+        self.checkpoint: Checkpoint | None = None
+        if resume is False:
+            if config_file.exists() or self.checkpoints.exists():
+                raise FileExistsError(f"{self.path} already holds a run: pass resume=True or use a new out_dir")
+        else:
+            source = latest_checkpoint(self.checkpoints) if resume is True else Path(resume)
+            if source is not None:
+                self.checkpoint = load_checkpoint(source)
+                self.checkpoint.source = source
+                check_config(self.checkpoint.config, config, source / "config.json")
+            elif config_file.exists():
+                check_config(read_json(config_file), config, config_file)
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(config_file, json.dumps(config, indent=2) + "\n")
+        ckpt = self.checkpoint
+        counts = (int(ckpt.counters["update_index"]), ckpt.stage) if ckpt is not None else (0, 0)
+        self.writers = {
+            name: MetricsWriter(self.path, name, read_metrics(self.path, name, count))
+            for name, count in zip(METRICS_FILES, counts, strict=True)
+        }
+
+    def end_stage(self, update_rows: Sequence[Metrics], stage_row: Metrics, ckpt: Checkpoint, keep: int) -> Path:
+        """Append the stage's metrics (flushed), then write its checkpoint: a run killed at any point resumes from
+        the previous checkpoint, whose row counts truncate any rows written after it."""
+        self.writers["updates"].append(update_rows)
+        self.writers["stages"].append([stage_row])
+        return save_checkpoint(self.checkpoints, ckpt, keep)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a team's state in and out of a Checkpoint
+
+
+def capture(
+    team: TrainableTeam[Any],
+    config: dict[str, Any],
+    stage: int,
+    counters: dict[str, Any],
+    optimizers: Sequence[torch.optim.Optimizer | None],
+    kl_coefs: Sequence[float],
+    references: dict[int, dict[str, Tensor]] | None,
+    generators: dict[str, torch.Generator],
+) -> Checkpoint:
+    """The loop's whole state after ``stage`` completed stages (what :func:`restore` puts back)."""
+    n = len(team.agent_names)
+    return Checkpoint(
+        config=config,
+        stage=stage,
+        counters=counters,
+        agent_names=team.agent_names,
+        adapters=[team.state(i) for i in range(n)],
+        references=None if references is None else [references[i] for i in range(n)],
+        optimizers=[None if opt is None else opt.state_dict() for opt in optimizers],
+        kl_coefs=list(kl_coefs),
+        generators={k: g.get_state() for k, g in generators.items()},
+    )
+
+
+def restore(
+    team: TrainableTeam[Any], ckpt: Checkpoint, generators: dict[str, torch.Generator], lr: float
+) -> tuple[list[torch.optim.Optimizer | None], dict[int, dict[str, Tensor]] | None]:
+    """Put a checkpoint back into ``team`` and ``generators`` and set the process-wide RNGs. Returns the per-agent
+    Adam (None where there was none) and the reference adapters (those at the ORIGINAL train start, or None)."""
+    source = ckpt.source or Path("<checkpoint>")
+    if ckpt.agent_names != team.agent_names:
+        raise CheckpointError(f"{source} holds agents {ckpt.agent_names}, the team has {team.agent_names}")
+    optimizers: list[torch.optim.Optimizer | None] = []
+    for i, name in enumerate(team.agent_names):
+        check_adapter_state(source / "adapters" / f"{name}.safetensors", ckpt.adapters[i], team.state(i))
+        if ckpt.references is not None:
+            check_adapter_state(source / "reference" / f"{name}.safetensors", ckpt.references[i], team.state(i))
+        team.load_state(i, ckpt.adapters[i])
+        opt_state = ckpt.optimizers[i]
+        if opt_state is None:
+            optimizers.append(None)
+            continue
+        opt = torch.optim.Adam(team.parameters(i), lr=lr)
+        try:
+            opt.load_state_dict(opt_state)
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise CheckpointError(f"checkpoint file {source / 'optimizers' / f'{name}.pt'}: {e}") from e
+        optimizers.append(opt)
+    for purpose, gen in generators.items():
+        gen.set_state(ckpt.generators[purpose])
+    ckpt.restore_global_rng()
+    return optimizers, None if ckpt.references is None else dict(enumerate(ckpt.references))

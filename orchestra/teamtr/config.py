@@ -1,0 +1,97 @@
+"""The typed config of a TeamTR run (DESIGN §6: every knob declared with a default and a one-line doc) and its small
+helpers. Imports torch and numpy only; the loop is :mod:`orchestra.teamtr.trainer`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from orchestra.teamtr.losses import AGGREGATIONS, Aggregation
+
+Scheme = Literal["teamtr", "naive", "joint", "joint_indep", "happo"]
+SCHEMES: tuple[Scheme, ...] = ("teamtr", "naive", "joint", "joint_indep", "happo")
+KLEstimator = Literal["exact", "k3", "k1"]
+
+
+@dataclass(frozen=True)
+class TeamTRConfig:
+    """Every knob of a TeamTR run (spec §2.6 for the starting values)."""
+
+    scheme: Scheme = "teamtr"  # where each update's data comes from (module docstring)
+    order: Literal["fixed", "random"] = "random"  # agent order per stage: fixed, or a fresh permutation (spec §2.6)
+    fixed_order: tuple[int, ...] = ()  # the order when order="fixed"; () = 0..n−1
+    num_stages: int = 10  # stages; a stage updates every agent once
+    batch_size: int = 256  # episodes per sampled batch (teamtr samples one per agent, the others one per stage)
+    num_epochs: int = 1  # PPO epochs over an update's batch
+    num_minibatches: int = 1  # minibatches per epoch (minibatch size = batch_size // num_minibatches)
+    lr: float = 1e-2  # Adam learning rate, one Adam per agent over its own parameters
+    optimizer_state: Literal["fresh", "persistent"] = "fresh"  # fresh Adam per update, or one Adam per agent kept
+    max_grad_norm: float | None = None  # per-agent gradient-norm clip; None = off
+    epsilon_low: float = 0.2  # PPO clip below, ratio ≥ 1 − ε_low
+    epsilon_high: float = 0.2  # PPO clip above, ratio ≤ 1 + ε_high (DAPO: 0.28)
+    aggregation: Aggregation = "token-mean"  # loss aggregation (losses.aggregate_loss)
+    advantage: Literal["grpo", "batch_mean"] = "grpo"  # normalise per GRPO group, or over the whole batch
+    adv_scale: bool = True  # divide by the std (False = Dr. GRPO, mean-centred only)
+    adv_max: float | None = 3.0  # A_max: clip advantages to [−A_max, A_max] (bounded advantages, spec §2.2)
+    trust_region: Literal["backtrack", "penalty", "none"] = "backtrack"  # enforcement (spec §2.4 options 1, 2)
+    delta: float | tuple[float, ...] = 0.01  # per-token KL budget δ_i, one for all or one per agent
+    kl_estimator: Literal["auto", "exact", "k3", "k1"] = "auto"  # D̂_i^tok (spec §2.3); auto = exact if logits
+    backtrack_coef: float = 0.8  # line search θ_prev + β^j (θ_step − θ_prev) (HATRPO backtrack_coeff 0.8)
+    max_backtracks: int = 10  # line-search steps before the step is reverted (HATRPO ls_step 10)
+    kl_penalty_coef: float = 1.0  # penalty mode: initial β_i of loss += β_i · D̂_i
+    kl_penalty_tolerance: float = 1.5  # penalty mode: PPO rule, β×factor if D > tol·δ, β/factor if D < δ/tol
+    kl_penalty_factor: float = 2.0  # penalty mode: PPO rule multiplier
+    ref_kl_coef: float = 0.0  # coefficient of k3 KL(π_θ‖π_ref) to the adapters at train start; 0 = off
+    happo_reduce: Literal["sum", "mean"] = "sum"  # HAPPO per-sequence log-ratio: product (sum) or per-token mean
+    happo_max_log_factor: float | None = None  # HAPPO: clip the log factor to [−c, c]; None = off (HARL)
+    certificate_c: float = 1.0  # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (spec §2.3)
+    evaluate: bool = True  # log the team's exact success per stage when the team offers it
+    seed: int = 0  # rollouts, orders and minibatch shuffles
+    keep_checkpoints: int = 2  # run directory: stage checkpoints kept (the newest K; ≥ 1)
+
+    def __post_init__(self) -> None:
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown scheme {self.scheme!r}; expected one of {SCHEMES}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}")
+        if self.num_stages < 0 or self.batch_size < 1 or self.num_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError("need num_stages ≥ 0, batch_size ≥ 1, num_epochs ≥ 1, num_minibatches ≥ 1")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"keep_checkpoints must be ≥ 1, got {self.keep_checkpoints}")
+        if self.batch_size < self.num_minibatches:
+            raise ValueError(f"batch_size {self.batch_size} < num_minibatches {self.num_minibatches}")
+        if not 0.0 < self.backtrack_coef < 1.0 or self.max_backtracks < 0:
+            raise ValueError("need 0 < backtrack_coef < 1 and max_backtracks ≥ 0")
+        deltas = self.delta if isinstance(self.delta, tuple) else (self.delta,)
+        if any(d <= 0 for d in deltas):
+            raise ValueError(f"delta must be > 0, got {self.delta}")
+
+    def deltas(self, n_agents: int) -> tuple[float, ...]:
+        """δ_i for every agent."""
+        if isinstance(self.delta, tuple):
+            if len(self.delta) != n_agents:
+                raise ValueError(f"delta has {len(self.delta)} entries for {n_agents} agents")
+            return self.delta
+        return (float(self.delta),) * n_agents
+
+    def agent_order(self, n_agents: int, generator: torch.Generator) -> list[int]:
+        """This stage's agent order (a fresh permutation from ``generator`` when random)."""
+        if self.order == "random":
+            return [int(i) for i in torch.randperm(n_agents, generator=generator)]
+        order = list(self.fixed_order) if self.fixed_order else list(range(n_agents))
+        if sorted(order) != list(range(n_agents)):
+            raise ValueError(f"fixed_order {order} is not a permutation of 0..{n_agents - 1}")
+        return order
+
+
+# knobs that may change when a run is resumed (extend it, checkpoint less often): every other field must match
+RESUMABLE_FIELDS: frozenset[str] = frozenset({"num_stages", "keep_checkpoints"})
+
+
+def seeded_generator(*keys: int) -> torch.Generator:
+    """A CPU generator seeded from a tuple of ints (independent streams per (seed, purpose, stage, …))."""
+    seed = int(np.random.SeedSequence([k & 0xFFFFFFFF for k in keys]).generate_state(1)[0])
+    return torch.Generator().manual_seed(seed)
