@@ -116,6 +116,10 @@ class ConductorDataset:
     team: str
     embedder: str
     sources: list[str] = field(default_factory=list)  # files read
+    # the team's action preconditions, per action id: "" none, "message" or "candidate" (team file
+    # ``requires``); empty when unknown (datasets saved before they existed): no preconditions
+    action_requires: list[str] = field(default_factory=list)
+    give_up: bool = False  # the team lets submit end an episode before any candidate exists
 
     # -- shape -----------------------------------------------------------------------------------
     @property
@@ -147,6 +151,8 @@ class ConductorDataset:
             team=self.team,
             embedder=self.embedder,
             sources=self.sources,
+            action_requires=self.action_requires,
+            give_up=self.give_up,
         )
 
     def select_features(self, which: FeatureSet) -> ConductorDataset:
@@ -163,15 +169,19 @@ class ConductorDataset:
 
     def legal_mask(self, observations: np.ndarray) -> np.ndarray:
         """Action masks recovered from observations, as ``ObservationEncoder.legal_mask`` does, without
-        the team: worker actions need turns left, submit a candidate; an action never legal anywhere
-        in the data (an instruction its worker does not take) stays illegal."""
+        the team: worker actions need turns left and their precondition (``action_requires``), submit a
+        candidate unless the team allows giving up; an action never legal anywhere in the data (an
+        instruction its worker does not take) stays illegal."""
         obs = np.atleast_2d(np.asarray(observations, dtype=np.float32))
-        turns_left = obs[:, self.feature_names.index("turns_left_frac")] > 1e-6
+        turns_left_frac = obs[:, self.feature_names.index("turns_left_frac")]
         has_cand = obs[:, self.feature_names.index("has_candidate")] > 0.5
+        met = {"": np.ones(obs.shape[0], bool), "candidate": has_cand, "message": turns_left_frac < 1.0 - 1e-6}
         declared = np.asarray(self.masks.any(axis=0) if len(self) else np.ones(self.num_actions), dtype=bool)
         mask = np.zeros((obs.shape[0], self.num_actions), dtype=np.int8)
-        mask[:, :-1] = turns_left[:, None] & declared[None, :-1]
-        mask[:, -1] = has_cand
+        mask[:, :-1] = (turns_left_frac > 1e-6)[:, None] & declared[None, :-1]
+        for a, req in enumerate(self.action_requires[:-1]):
+            mask[:, a] *= met[req]
+        mask[:, -1] = has_cand | self.give_up
         return mask
 
     def split_episodes(self, heldout_frac: float, seed: int = 0) -> tuple[ConductorDataset, ConductorDataset]:
@@ -288,6 +298,8 @@ class ConductorDataset:
             "team": self.team,
             "embedder": self.embedder,
             "sources": self.sources,
+            "action_requires": self.action_requires,
+            "give_up": self.give_up,
             "episodes": [asdict(i) for i in self.episodes],
             "states": self.states,
         }
@@ -328,6 +340,8 @@ class ConductorDataset:
             team=header["team"],
             embedder=header["embedder"],
             sources=header["sources"],
+            action_requires=header.get("action_requires", []),
+            give_up=bool(header.get("give_up", False)),
         )
 
     def check_layout(self, config: TeamEnvConfig, encoder: ObservationEncoder, where: str = "dataset") -> None:
@@ -464,4 +478,16 @@ def build_dataset(
         team=config.name,
         embedder=encoder.embedder.name,
         sources=sources,
+        action_requires=action_requires(config),
+        give_up=config.give_up,
     )
+
+
+def action_requires(config: TeamEnvConfig) -> list[str]:
+    """Per action id, the precondition of its instruction ("", "message" or "candidate"); submit ""."""
+    out: list[str] = []
+    for a in range(config.num_actions):
+        worker, instruction = config.decode_action(a)
+        spec = next((w for w in config.workers if w.name == worker), None)
+        out.append(dict(spec.requires).get(instruction or "", "") if spec is not None else "")
+    return out

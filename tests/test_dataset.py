@@ -32,8 +32,14 @@ def test_rows_follow_the_episodes_and_reencode_the_stored_state(episodes) -> Non
     stored = np.array([s.observation for e in episodes for s in e.steps], dtype=np.float32)
     np.testing.assert_allclose(ds.observations, stored, atol=1e-5)
     assert ds.actions.tolist() == [s.action.id for e in episodes for s in e.steps]
-    # masks recovered from observations equal the env's masks
+    # masks recovered from observations equal the env's masks, with the team (its encoder) and without
+    # it (the dataset keeps the team's preconditions: critic:check needs a candidate, revise a message)
     np.testing.assert_array_equal(ENC.legal_mask(ds.observations), ds.masks)
+    assert ds.action_requires[TEAM.env.action_id("critic", "check")] == "candidate"
+    np.testing.assert_array_equal(ds.legal_mask(ds.observations), ds.masks)
+    assert ds.masks[:, TEAM.env.action_id("critic", "check")].min() == 0  # the precondition did bind
+    gave_up = dataclasses.replace(ds, give_up=True)  # a team that may give up: submit is always legal
+    assert gave_up.legal_mask(ds.observations)[:, -1].all()
     s = ds.summary()
     assert set(s["per_conductor"]) == {"heuristic", "round_robin"}
     assert sum(s["action_histogram"].values()) == len(ds)
@@ -109,6 +115,8 @@ def test_save_load_round_trip(tmp_path: Path, episodes) -> None:  # type: ignore
     back = ConductorDataset.load(ds.save(tmp_path / "d.npz"))
     np.testing.assert_array_equal(back.observations, ds.observations)
     assert back.episodes == ds.episodes and back.states == ds.states and back.weights == ds.weights
+    assert back.action_requires == ds.action_requires and back.give_up == ds.give_up
+    np.testing.assert_array_equal(back.legal_mask(back.observations), ds.masks)
     back.check_layout(TEAM.env, ENC)
 
 
