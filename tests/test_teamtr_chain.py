@@ -191,13 +191,7 @@ def test_drift_rejects_malformed_stages() -> None:
 # the LM team
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models are dispatch-bound: one thread is far faster on a busy CPU (restored afterwards)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CFG = ChainConfig(n_agents=3, vocab_size=V, seed=0)

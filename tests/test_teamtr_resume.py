@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -21,13 +21,7 @@ from orchestra.teamtr.checkpoint import Checkpoint, CheckpointError, ConfigMisma
 from orchestra.teamtr.team import ChainRollout, ChainTrainable
 from orchestra.teamtr.trainer import TeamTRConfig, TrainHooks, TrainLog, train
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are dispatch-bound
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 CHAIN = ChainConfig(n_agents=3, vocab_size=4, lora_r=4, lora_targets=("lm_head",), seed=0)

@@ -3,7 +3,6 @@ structural facts (telephone-chain.md), the trust region, adapter isolation and a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Literal
 
@@ -18,12 +17,7 @@ from orchestra.teamtr.trainer import Scheme, TeamTRConfig, TrainHooks, TrainLog,
 V = 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models are dispatch-bound
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 _WARM: dict[tuple[int, int], list[dict[str, torch.Tensor]]] = {}
