@@ -100,6 +100,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes per family and conductor")
     p.add_argument("--train-episodes", type=int, default=None, help="recorded training episodes per conductor")
     _common(p)
+
+    p = sub.add_parser("bench", help="benchmarks (phase 2: TeamTR on the telephone chain)", epilog=EPILOG)
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    q = bsub.add_parser(
+        "teamtr",
+        help="TeamTR vs naive / joint / HAPPO on the telephone chain: final J, regressions, drift exponents α",
+        epilog=EPILOG,
+    )
+    q.add_argument(
+        "--out", default="runs/bench_teamtr", help="output directory (an existing one of the same config is resumed)"
+    )
+    q.add_argument("--ns", type=int, nargs="+", default=None, help="chain lengths n (default 2 3 4 6 8)")
+    q.add_argument(
+        "--schemes",
+        nargs="+",
+        default=None,
+        choices=["teamtr", "naive", "joint", "joint_indep", "happo"],
+        help="schemes (default teamtr naive joint happo)",
+    )
+    q.add_argument("--seeds", type=int, default=None, help="seeds per (n, scheme) (default 8)")
+    q.add_argument("--stages", type=int, default=None, help="stages of the equal-stages accounting (default 20)")
+    q.add_argument("--batch-size", type=int, default=None, help="episodes per sampled batch (default 128)")
+    q.add_argument("--delta", type=float, default=None, help="per-agent trust-region KL budget δ (default 0.03)")
+    q.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 0.03)")
+    q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
+    q.add_argument("--seed", type=int, default=0, help="root seed (runs repeat exactly on CPU)")
+    q.add_argument("--quiet", action="store_true", help="no progress output")
     from orchestra.cli_conductor import add_parsers
 
     COMMANDS.update(add_parsers(sub, _common, EPILOG))
@@ -259,6 +286,29 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(a: argparse.Namespace) -> int:
+    import dataclasses
+
+    import torch
+
+    from orchestra.teamtr.bench import BenchConfig, run_bench
+
+    cfg = BenchConfig.smoke() if a.smoke else BenchConfig()
+    overrides = {
+        "ns": tuple(a.ns) if a.ns else None,
+        "schemes": tuple(a.schemes) if a.schemes else None,
+        "seeds": a.seeds,
+        "num_stages": a.stages,
+        "batch_size": a.batch_size,
+        "delta": a.delta,
+        "lr": a.lr,
+    }
+    cfg = dataclasses.replace(cfg, seed=a.seed, **{k: v for k, v in overrides.items() if v is not None})
+    torch.set_num_threads(1)  # tiny models are dispatch-bound
+    print(f"summary: {run_bench(cfg, a.out, progress=not a.quiet)}")
+    return 0
+
+
 COMMANDS: dict[str, Any] = {
     "record": _cmd_record,
     "evaluate": _cmd_evaluate,
@@ -266,6 +316,7 @@ COMMANDS: dict[str, Any] = {
     "teams": _cmd_teams,
     "families": _cmd_families,
     "demo": _cmd_demo,
+    "bench": _cmd_bench,
 }
 
 

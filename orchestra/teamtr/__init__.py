@@ -234,3 +234,19 @@ __all__ += [
     "train",
     "update_agents",
 ]
+
+# ----------------------------------------------------------------------------------------------------------------
+# the telephone-chain benchmark (imports transformers, peft and matplotlib): lazy as well.
+
+if TYPE_CHECKING:
+    from orchestra.teamtr.bench import (
+        BenchConfig,
+        equal_episode_stage,
+        fit_alpha,
+        regression_fraction,
+        run_bench,
+    )
+
+_BENCH = ("BenchConfig", "equal_episode_stage", "fit_alpha", "regression_fraction", "run_bench")
+_LAZY.update({name: "orchestra.teamtr.bench" for name in _BENCH})
+__all__ += ["BenchConfig", "equal_episode_stage", "fit_alpha", "regression_fraction", "run_bench"]

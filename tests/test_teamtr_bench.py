@@ -1,0 +1,174 @@
+"""The telephone-chain TeamTR benchmark: pure helpers, a smoke run's files, drift bookkeeping, resume, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestra.teamtr.bench import (
+    RUN_FIELDS,
+    BenchConfig,
+    chain_config,
+    equal_episode_stage,
+    fit_alpha,
+    regression_fraction,
+    run_bench,
+    run_one,
+)
+from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMOKE = BenchConfig.smoke(seeds=2)
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pure helpers
+
+
+def test_fit_alpha_recovers_power_laws() -> None:
+    ns = [2, 3, 4, 6, 8]
+    assert fit_alpha(ns, [0.01 * n**2 for n in ns]) == pytest.approx(2.0, abs=1e-12)
+    assert fit_alpha(ns, [3.0 * n for n in ns]) == pytest.approx(1.0, abs=1e-12)
+    assert fit_alpha(ns, [0.5] * 5) == pytest.approx(0.0, abs=1e-12)
+    # non-positive / NaN drifts are dropped; fewer than two points → NaN
+    assert fit_alpha([2, 4, 8], [4.0, 0.0, 64.0]) == pytest.approx(2.0)
+    assert math.isnan(fit_alpha([2, 4], [1.0, math.nan]))
+
+
+def test_equal_episode_stage() -> None:
+    # naive at n = 3, B = 10: 10 episodes per stage; teamtr's final count 30 → the first stage reaching it is 3
+    eps = [0, 10, 20, 30, 40, 50, 60]
+    assert equal_episode_stage(eps, 30) == 3
+    assert equal_episode_stage(eps, 25) == 3  # first stage at or above the target
+    assert equal_episode_stage(eps, 0) == 0
+    assert equal_episode_stage(eps, 1000) == 6  # never reached: the nearest
+    assert equal_episode_stage([0, 10, 20], 14) == 2
+    with pytest.raises(ValueError):
+        equal_episode_stage([], 3)
+
+
+def test_regression_fraction() -> None:
+    j = [0.5, 0.6, 0.595, 0.58, 0.7, 0.6995, 0.8]  # drops: −0.005, −0.015, −0.0005 over 6 stages
+    assert regression_fraction(j, 0.01) == pytest.approx(1 / 6)
+    assert regression_fraction(j, 0.001) == pytest.approx(2 / 6)
+    assert regression_fraction([0.1, 0.2, 0.3], 0.001) == 0.0
+    assert math.isnan(regression_fraction([0.4], 0.01))
+
+
+def test_config_validation_and_stages() -> None:
+    with pytest.raises(ValueError):
+        BenchConfig(schemes=("nope",))  # type: ignore[arg-type]
+    cfg = BenchConfig(num_stages=5)
+    assert cfg.stages_for("teamtr", 4) == 5 and cfg.stages_for("naive", 4) == 20
+    assert BenchConfig(num_stages=5, extend_for_episodes=False).stages_for("happo", 4) == 5
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a smoke run
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("bench")
+    run_bench(SMOKE, out, progress=False)
+    return out
+
+
+def test_smoke_run_writes_every_file(bench_dir: Path) -> None:
+    for name in ("config.json", "runs.csv", "final.csv", "regressions.csv", "drift.csv", "alpha.csv", "summary.md"):
+        assert (bench_dir / name).stat().st_size > 0, name
+    for name in ("learning_curves.png", "drift.png"):
+        assert (bench_dir / name).read_bytes()[:4] == b"\x89PNG", name
+    runs = _csv(bench_dir / "runs.csv")
+    assert list(runs[0]) == list(RUN_FIELDS)
+    # teamtr: stages 0..2; naive: n × 2 stages (equal-episodes accounting)
+    expected = sum((1 + SMOKE.stages_for(s, n)) * SMOKE.seeds for n in SMOKE.ns for s in SMOKE.schemes)
+    assert len(runs) == expected
+    for r in runs:
+        n, stage = int(r["n"]), int(r["stage"])
+        per_stage = n * SMOKE.batch_size if r["scheme"] == "teamtr" else SMOKE.batch_size
+        assert int(r["episodes"]) == stage * per_stage and int(r["tokens"]) == n * int(r["episodes"])
+        assert 0.0 <= float(r["J"]) <= 1.0
+        assert (r["drift_b"] == "") == (stage == 0) and (r["drift_d"] == "") == (stage == 0)
+    # paired: every scheme starts from the same warm team at a given (n, seed)
+    start = {(r["n"], r["seed"], r["scheme"]): r["J"] for r in runs if r["stage"] == "0"}
+    for n in SMOKE.ns:
+        for s in range(SMOKE.seeds):
+            assert start[(str(n), str(s), "teamtr")] == start[(str(n), str(s), "naive")]
+
+    final = _csv(bench_dir / "final.csv")
+    assert len(final) == 2 * len(SMOKE.ns) * len(SMOKE.schemes)
+    assert {"accounting", "n", "scheme", "stage_mean", "episodes_mean", "J_mean", "J_sd"} <= set(final[0])
+    for r in final:
+        if r["accounting"] == "equal_episodes":
+            assert float(r["episodes_mean"]) == SMOKE.num_stages * int(r["n"]) * SMOKE.batch_size
+        else:
+            assert float(r["stage_mean"]) == SMOKE.num_stages
+    alpha = {r["scheme"]: r for r in _csv(bench_dir / "alpha.csv")}
+    assert set(alpha) == set(SMOKE.schemes) and math.isfinite(float(alpha["naive"]["alpha_b"]))
+    assert float(alpha["teamtr"]["ratio_b_vs_teamtr_at_n3"]) == pytest.approx(1.0)
+    assert len(_csv(bench_dir / "regressions.csv")) == len(SMOKE.ns) * len(SMOKE.schemes)
+    text = (bench_dir / "summary.md").read_text()
+    for heading in ("equal stages", "equal sampled episodes", "Regressions", "Drift (b)", "Drift (d)", "α (b)"):
+        assert heading in text
+
+
+def test_drift_matches_chain_functions_on_the_same_snapshots(bench_dir: Path) -> None:
+    team = ChainTeam(chain_config(SMOKE, 2, 0))
+    warm_start(team)
+    warm = [team.adapter_state(i) for i in range(2)]
+    rows, rec = run_one(SMOKE, team, warm, 2, "teamtr", 0)
+    assert rec.orders[0] == [0, 1] and len(rec.snaps[0]) == 3
+    assert rows[1]["drift_b"] == drift_b(rec.snaps[0], [0, 1], "fresh")
+    assert rows[1]["drift_d"] == drift_d(rec.snaps[0], [0, 1], "fresh")
+    # the bench's runs.csv holds the same numbers (deterministic runs, exact float round trip)
+    written = [r for r in _csv(bench_dir / "runs.csv") if (r["n"], r["scheme"], r["seed"]) == ("2", "teamtr", "0")]
+    assert [float(r["drift_b"] or "nan") for r in written][1:] == [r["drift_b"] for r in rows][1:]
+    assert [float(r["J"]) for r in written] == [r["J"] for r in rows]
+
+    # joint: one update = n virtual sequential updates on the stage-start batch
+    rows_j, rec_j = run_one(SMOKE, team, warm, 2, "joint", 0)
+    assert rec_j.orders[0] == [0, 1] and len(rec_j.snaps[0]) == 3
+    start, mid, end = rec_j.snaps[0]
+    np.testing.assert_array_equal(mid[0], end[0])
+    np.testing.assert_array_equal(mid[1], start[1])
+    assert rows_j[1]["drift_b"] == drift_b(rec_j.snaps[0], [0, 1], "stale")
+
+
+def test_resume_skips_complete_runs_and_refuses_another_config(
+    bench_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (bench_dir / "runs.csv").read_text()
+    run_bench(SMOKE, bench_dir, progress=True)
+    assert "bench n=" not in capsys.readouterr().err  # nothing retrained
+    assert (bench_dir / "runs.csv").read_text() == before
+    with pytest.raises(FileExistsError):
+        run_bench(BenchConfig.smoke(seeds=3), bench_dir, progress=False)
+
+
+def test_cli_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestra.cli import main
+
+    out = tmp_path / "cli"
+    rc = main(["bench", "teamtr", "--smoke", "--ns", "2", "--schemes", "teamtr", "naive", "--out", str(out), "--quiet"])
+    assert rc == 0
+    assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
+    assert (out / "summary.md").exists() and (out / "drift.png").exists()
+    for cmd in (["bench"], ["bench", "teamtr"]):
+        with pytest.raises(SystemExit) as e:
+            main([*cmd, "--help"])
+        assert e.value.code == 0
+        assert f"usage: orchestra {' '.join(cmd)}" in capsys.readouterr().out
