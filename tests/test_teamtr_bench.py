@@ -18,6 +18,7 @@ from orchestra.teamtr.bench import (
     regression_fraction,
     run_bench,
     run_one,
+    trust_counts,
 )
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
 
@@ -124,6 +125,36 @@ def test_smoke_run_writes_every_file(bench_dir: Path) -> None:
     text = (bench_dir / "summary.md").read_text()
     for heading in ("equal stages", "equal sampled episodes", "Regressions", "Drift (b)", "Drift (d)", "α (b)"):
         assert heading in text
+    assert "Trust region" in text and "Acceptance criteria" in text
+
+
+def test_trust_region_accounting(bench_dir: Path) -> None:
+    """Every stage row counts its agent-updates (n per stage; the joint schemes too), none accepted above δ, and the
+    per-scheme totals in trust.csv add the rows up."""
+    runs = _csv(bench_dir / "runs.csv")
+    for r in runs:
+        n, stage = int(r["n"]), int(r["stage"])
+        assert int(r["agent_updates"]) == (n if stage > 0 else 0)
+        assert int(r["kl_over"]) == 0 and int(r["accepted"]) <= int(r["agent_updates"])
+        if stage > 0 and int(r["accepted"]):
+            assert 0.0 <= float(r["kl_max_ratio"]) <= 1.0
+    trust = {r["scheme"]: r for r in _csv(bench_dir / "trust.csv")}
+    for scheme in SMOKE.schemes:
+        mine = [r for r in runs if r["scheme"] == scheme]
+        for key in ("agent_updates", "accepted", "bound"):
+            assert int(trust[scheme][key]) == sum(int(r[key]) for r in mine), (scheme, key)
+    assert sum(int(t["bound"]) for t in trust.values()) > 0  # lr 3e-2 with δ 0.03: the full step often breaks δ
+    checks = {r["criterion"]: r for r in _csv(bench_dir / "checks.csv")}
+    assert checks["teamtr: accepted updates with KL ≤ δ"]["ok"] == "True"
+    assert checks["drift (b) naive / teamtr at n = 3"]["ok"] == "n/a"  # only decided at n = 8
+
+
+def test_trust_counts_by_hand() -> None:
+    u = {"agent/a/kl_trust": 0.02, "agent/a/delta": 0.01, "agent/a/accepted": 0.0, "agent/a/early_stopped": 1.0,
+         "agent/b/kl_trust": 0.005, "agent/b/delta": 0.01, "agent/b/accepted": 1.0, "agent/b/early_stopped": 1.0}  # fmt: skip
+    got = trust_counts([u, {"agent/a/kl_trust": 0.012, "agent/a/delta": 0.01, "agent/a/accepted": 1.0,
+                            "agent/a/early_stopped": 0.0}], ("a", "b"))  # fmt: skip
+    assert got == dict(agent_updates=3, accepted=2, bound=2, kl_over=1, kl_max_ratio=pytest.approx(1.2))
 
 
 def test_drift_matches_chain_functions_on_the_same_snapshots(bench_dir: Path) -> None:

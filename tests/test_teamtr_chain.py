@@ -24,6 +24,8 @@ from orchestra.teamtr.chain import (
     drift_d_terms,
     exact_success,
     exact_success_with,
+    head_only,
+    message_logits,
     noisy_pass_through,
     occupancies,
     own_step_kl,
@@ -303,6 +305,28 @@ def test_lora_step_changes_only_that_agents_adapter(team: ChainTeam) -> None:
     after1 = team.adapter_state(1)
     assert any(not torch.equal(after1[k], before[1][k]) for k in after1)
     assert not np.array_equal(policy_matrix(team, 1), policy_matrix(ChainTeam(CFG), 1))
+
+
+def test_head_only_fast_path_equals_the_full_forward() -> None:
+    """LoRA on lm_head only: cached base hidden states + the adapter's head give the full forward's logits and the
+    same gradients, for every agent, whichever adapter peft last made active."""
+    cfg = ChainConfig(n_agents=3, vocab_size=V, seed=1, lora_targets=("lm_head",))
+    team = ChainTeam(cfg)
+    assert head_only(cfg) and not head_only(CFG)
+    for i in range(team.n_agents):  # non-zero lora_B, so the adapters differ
+        for p in team.adapter_parameters(i).values():
+            torch.nn.init.normal_(p.data, std=0.3, generator=torch.Generator().manual_seed(i))
+    ids = team.contexts(torch.tensor([0, 3, V - 1, V - 1, 2]))
+    for i in (2, 0, 1):
+        fast = message_logits(team, i, ids)
+        model = team.select(i)
+        full = model(input_ids=ids, use_cache=False).logits[:, -1, :V]
+        torch.testing.assert_close(fast, full, rtol=0, atol=1e-6)
+        g_fast = torch.autograd.grad(fast.square().sum(), list(team.adapter_parameters(i).values()))
+        g_full = torch.autograd.grad(full.square().sum(), list(team.adapter_parameters(i).values()))
+        for a, b in zip(g_fast, g_full, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert set(team.hidden_cache) == {0}
 
 
 def test_same_seed_is_bit_identical() -> None:

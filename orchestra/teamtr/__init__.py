@@ -4,8 +4,9 @@ Pure-function layer, imported eagerly: losses, advantages and KL estimators (:mo
 credit assignment (:mod:`orchestra.teamtr.credit`). Formulas: the design notes ``research/algorithms.md``.
 Re-exported lazily (PEP 562), so that importing the pure layer imports neither transformers nor peft: the
 telephone-chain testbed (:mod:`~orchestra.teamtr.chain`), the trainer (:mod:`~orchestra.teamtr.trainer`), the
-chain as a trainable team (:mod:`~orchestra.teamtr.team`), checkpoints (:mod:`~orchestra.teamtr.checkpoint`) and
-the benchmark (:mod:`~orchestra.teamtr.bench`).
+chain as a trainable team (:mod:`~orchestra.teamtr.team`), checkpoints (:mod:`~orchestra.teamtr.checkpoint`), the
+benchmark (:mod:`~orchestra.teamtr.bench`) and Stage-0 alignment (:mod:`~orchestra.teamtr.align`, generic, and
+:mod:`~orchestra.teamtr.align_chain`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,26 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "orchestra.teamtr.team": ("ChainRollout", "ChainTrainable"),
     "orchestra.teamtr.checkpoint": ("Checkpoint", "CheckpointError", "ConfigMismatchError", "RunDirectory"),
-    "orchestra.teamtr.bench": ("BenchConfig", "equal_episode_stage", "fit_alpha", "regression_fraction", "run_bench"),
+    "orchestra.teamtr.bench": (
+        "BenchConfig",
+        "acceptance_checks",
+        "equal_episode_stage",
+        "fit_alpha",
+        "regression_fraction",
+        "run_bench",
+        "trust_counts",
+    ),
+    "orchestra.teamtr.align": (
+        "AlignConfig",
+        "AlignError",
+        "AlignReport",
+        "SwapShockReport",
+        "align",
+        "check_tokenizer_family",
+        "reverse_kl_loss",
+        "swap_shock",
+    ),
+    "orchestra.teamtr.align_chain": ("ChainSwapConfig", "build_chain_newcomer", "chain_swap_shock"),
 }
 _LAZY: dict[str, str] = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 

@@ -53,7 +53,10 @@ from orchestra.teamtr.config import SCHEMES, Scheme, TeamTRConfig
 from orchestra.teamtr.team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
 
-RUN_FIELDS = ("n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens")
+RUN_FIELDS = (
+    "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",
+    "agent_updates", "accepted", "bound", "kl_over", "kl_max_ratio",
+)  # fmt: skip
 REGRESSION_THRESHOLDS = (0.01, 0.001)
 JOINT_SCHEMES = ("joint", "joint_indep")
 
@@ -108,6 +111,11 @@ class BenchConfig:
             drift_stages=2,
         )
         return replace(base, **overrides)
+
+    @classmethod
+    def demo(cls, **overrides: Any) -> BenchConfig:
+        """``orchestra demo``'s phase 2: n ∈ {2, 4}, all four schemes, 2 seeds, 6 stages (about a minute on 2 cores)."""
+        return replace(cls(ns=(2, 4), seeds=2, num_stages=6, drift_stages=3), **overrides)
 
     def stages_for(self, scheme: str, n: int) -> int:
         """Stages a (scheme, n) run trains for."""
@@ -238,15 +246,38 @@ def run_one(
     nan = math.nan
     rows: list[dict[str, Any]] = [
         dict(n=n, scheme=scheme, seed=seed, stage=0, J=log.stages[0]["perf/team_success_start"], drift_b=nan,
-             drift_d=nan, episodes=0, tokens=0)
+             drift_d=nan, episodes=0, tokens=0, agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=nan)
     ]  # fmt: skip
     for s, st in enumerate(log.stages):
         b, d = rec.drifts(s, train_index)
+        trust = trust_counts([u for u in log.updates if int(u["rollout/stage"]) == s], team.adapter_names)
         rows.append(
             dict(n=n, scheme=scheme, seed=seed, stage=s + 1, J=st["perf/team_success"], drift_b=b, drift_d=d,
-                 episodes=int(st["rollout/episodes"]), tokens=int(st["rollout/tokens"]))
+                 episodes=int(st["rollout/episodes"]), tokens=int(st["rollout/tokens"]), **trust)
         )  # fmt: skip
     return rows, rec
+
+
+def trust_counts(updates: Sequence[dict[str, float]], names: Sequence[str]) -> dict[str, Any]:
+    """Trust-region accounting of one stage's update records, per agent-update: how many, accepted (not reverted),
+    bound (the full step broke KL ≤ δ, so it was shortened or reverted), accepted with KL > δ (must be 0), and the
+    largest KL/δ among the accepted ones. KL is the trainer's trust-region estimate (exact over the vocabulary here).
+    """
+    out: dict[str, Any] = dict(agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=0.0)
+    for u in updates:
+        for name in names:
+            key = f"agent/{name}/"
+            if key + "kl_trust" not in u:
+                continue
+            ratio = u[key + "kl_trust"] / u[key + "delta"]
+            accepted = u[key + "accepted"] > 0
+            out["agent_updates"] += 1
+            out["accepted"] += int(accepted)
+            out["bound"] += int(u[key + "early_stopped"] > 0)
+            if accepted:
+                out["kl_over"] += int(ratio > 1.0)
+                out["kl_max_ratio"] = max(out["kl_max_ratio"], ratio)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -256,11 +287,17 @@ def run_one(
 def _read_runs(path: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with path.open(newline="") as f:
-        for r in csv.DictReader(f):
+        reader = csv.DictReader(f)
+        missing = [k for k in RUN_FIELDS if k not in (reader.fieldnames or [])]
+        if missing:
+            raise FileExistsError(f"{path} lacks the columns {missing} (an older format); use another output directory")
+        for r in reader:
             rows.append(
                 dict(n=int(r["n"]), scheme=r["scheme"], seed=int(r["seed"]), stage=int(r["stage"]), J=float(r["J"]),
                      drift_b=float(r["drift_b"] or "nan"), drift_d=float(r["drift_d"] or "nan"),
-                     episodes=int(r["episodes"]), tokens=int(r["tokens"]))
+                     episodes=int(r["episodes"]), tokens=int(r["tokens"]),
+                     **{k: int(r[k]) for k in ("agent_updates", "accepted", "bound", "kl_over")},
+                     kl_max_ratio=float(r["kl_max_ratio"] or "nan"))
             )  # fmt: skip
     return rows
 
@@ -360,7 +397,56 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
             num, den = by[(n_max, scheme)][kind], by.get((n_max, "teamtr"), {}).get(kind, math.nan)
             row[f"ratio_{kind[-1]}_vs_teamtr_at_n{n_max}"] = num / den if den and math.isfinite(den) else math.nan
         alpha.append(row)
-    return {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha}
+    trust: list[dict[str, Any]] = []
+    for scheme in cfg.schemes:
+        sel = [r for r in rows if r["scheme"] == scheme and r["stage"] > 0]
+        tot = {k: sum(r[k] for r in sel) for k in ("agent_updates", "accepted", "bound", "kl_over")}
+        ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
+        trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
+    tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust}
+    tables["checks"] = acceptance_checks(cfg, tables)
+    return tables
+
+
+def acceptance_checks(cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The issue's acceptance criteria evaluated on these tables: one row per criterion with the measured value and
+    whether it holds ("n/a" when this config cannot decide it, e.g. a scheme or an n was not run)."""
+    checks: list[dict[str, Any]] = []
+
+    def add(criterion: str, value: float | None, ok: bool | None, need: str) -> None:
+        shown = "n/a" if value is None or not math.isfinite(value) else f"{value:.3f}"
+        checks.append(dict(criterion=criterion, need=need, value=shown, ok="n/a" if ok is None else str(ok)))
+
+    for r in tables["trust"]:
+        acc = r["accepted"]
+        add(f"{r['scheme']}: accepted updates with KL ≤ δ", 1 - r["kl_over"] / acc if acc else None,
+            r["kl_over"] == 0 if acc else None, "= 1")  # fmt: skip
+        bound = r["bound"] / r["agent_updates"] if r["agent_updates"] else None
+        add(f"{r['scheme']}: fraction of updates where the trust region bound", bound,
+            bound > 0 if bound is not None else None, "> 0")  # fmt: skip
+    alpha = {r["scheme"]: r for r in tables["alpha"]}
+    n_max = max(cfg.ns)
+    if "teamtr" in alpha and "naive" in alpha:
+        a_n, a_t = alpha["naive"]["alpha_b"], alpha["teamtr"]["alpha_b"]
+        ratio = alpha["naive"][f"ratio_b_vs_teamtr_at_n{n_max}"]
+        add("α (b) naive", a_n, a_n >= 1.6, "≥ 1.6")
+        add("α (b) teamtr", a_t, a_t <= 1.5, "≤ 1.5")
+        add("α (b) gap naive − teamtr", a_n - a_t, a_n - a_t >= 0.5, "≥ 0.5")
+        add(f"drift (b) naive / teamtr at n = {n_max}", ratio, ratio >= 2.0 if n_max == 8 else None, "≥ 2 at n = 8")
+        a_d = alpha["teamtr"]["alpha_d"]
+        add("α (d) teamtr (own-step measure)", a_d, 0.8 <= a_d <= 1.2, "∈ [0.8, 1.2]")
+    final = {(r["n"], r["scheme"]): r for r in tables["final"] if r["accounting"] == "equal_stages"}
+    for scheme, bar in (("naive", 0.0), ("joint", -0.03)):
+        got = final.get((8, scheme))
+        if got is not None:
+            d = -got["diff_vs_teamtr_mean"]
+            decided = cfg.delta <= 0.03 and got["seeds"] >= 12
+            add(f"n = 8, equal stages: mean J(teamtr) − J({scheme})", d, d >= bar if decided else None,
+                f"≥ {bar:g} (δ ≤ 0.03, ≥ 12 seeds)")  # fmt: skip
+    got = final.get((4, "teamtr"))
+    if got is not None:
+        add("n = 4, equal stages: mean J(teamtr)", got["J_mean"], got["J_mean"] >= 0.98, "≥ 0.98")
+    return checks
 
 
 def _cell(v: Any, digits: int = 3) -> str:
@@ -434,8 +520,25 @@ def summary_markdown(cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]], 
         )
     lines += [
         "",
-        "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `learning_curves.png`, "
-        "`drift.png`.",
+        f"## Trust region, every agent-update of every run (KL = exact over the vocabulary, δ = {cfg.delta:g})",
+        "",
+        "| scheme | agent-updates | accepted | bound (full step broke δ) | accepted with KL > δ | max KL/δ accepted |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in tables["trust"]:
+        share = r["bound"] / r["agent_updates"] if r["agent_updates"] else math.nan
+        lines.append(
+            f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({_cell(share * 100, 1)}%) | "
+            f"{r['kl_over']} | {_cell(r['kl_max_ratio'], 3)} |"
+        )
+    lines += ["", "## Acceptance criteria (issue 4) on this run", "", "| criterion | need | measured | holds |"]
+    lines += ["|---|---|---|---|"] + [
+        f"| {c['criterion']} | {c['need']} | {c['value']} | {c['ok']} |" for c in tables["checks"]
+    ]
+    lines += [
+        "",
+        "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `trust.csv`, `checks.csv`, "
+        "`learning_curves.png`, `drift.png`.",
         "",
     ]
     return "\n".join(lines)
@@ -554,6 +657,7 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True) -> P
 
 __all__ = [
     "BenchConfig",
+    "acceptance_checks",
     "analyse",
     "chain_config",
     "derived_seed",
@@ -564,4 +668,5 @@ __all__ = [
     "run_one",
     "summary_markdown",
     "trainer_config",
+    "trust_counts",
 ]

@@ -30,11 +30,12 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 import torch
+import torch.nn.functional as F
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -175,6 +176,9 @@ class ChainTeam:
                     self.models.append(_wrap(_build_base(cfg, cfg.base_config(i)), cfg, [name]))
         for model in self.models:
             model.to(cfg.device).eval()
+        self.hidden_cache: dict[int, Tensor] = {}  # head-only LoRA: frozen final hidden states per base (V, d)
+        self._base_params: dict[int, list[torch.nn.Parameter]] = {}  # per base: its non-LoRA parameters
+        self._adapter_params: dict[int, dict[str, torch.nn.Parameter]] = {}  # per agent: its LoRA parameters
 
     @property
     def n_agents(self) -> int:
@@ -212,10 +216,23 @@ class ChainTeam:
         bos = torch.full_like(inputs, self.bos_id)
         return torch.stack([bos, inputs], dim=1).to(self.device)
 
+    def base_trainable(self, agent: int) -> bool:
+        """True iff some base weight under ``agent``'s adapter requires grad (someone unfroze it): the head-only fast
+        path of :func:`message_logits` is then skipped and its cache of frozen hidden states dropped."""
+        key = 0 if self.cfg.shared_base else agent
+        if key not in self._base_params:
+            self._base_params[key] = [p for k, p in self.models[key].named_parameters() if "lora_" not in k]
+        trainable = any(p.requires_grad for p in self._base_params[key])
+        if trainable:
+            self.hidden_cache.pop(key, None)
+        return trainable
+
     def adapter_parameters(self, agent: int) -> dict[str, torch.nn.Parameter]:
         """``agent``'s LoRA parameters by name (what its optimizer should hold)."""
-        tag = f".{self.adapter_names[agent]}."
-        return {k: p for k, p in self.model_of(agent).named_parameters() if tag in k}
+        if agent not in self._adapter_params:  # the Parameter objects never change (states are copied in place)
+            tag = f".{self.adapter_names[agent]}."
+            self._adapter_params[agent] = {k: p for k, p in self.model_of(agent).named_parameters() if tag in k}
+        return dict(self._adapter_params[agent])
 
     def base_parameters(self) -> dict[str, Tensor]:
         """Every non-LoRA parameter of every base, by name (prefixed ``base{j}.`` with separate bases)."""
@@ -247,10 +264,42 @@ def message_logits(team: ChainTeam, agent: int, input_ids: Tensor) -> Tensor:
     """Next-token logits of ``agent`` on contexts ``input_ids`` (B, T_ctx), restricted to the V symbols → (B, V).
 
     With grad (wrap in ``torch.no_grad()`` for sampling); the special tokens' logits are dropped, i.e. masked out.
+    When LoRA targets ``lm_head`` only (:func:`head_only`), the exact head-only path :func:`_head_logits` is taken.
     """
+    if head_only(team.cfg) and input_ids.shape[-1] == 2 and not team.base_trainable(agent):
+        return _head_logits(team, agent, input_ids)
     model = team.select(agent)
     logits = model(input_ids=input_ids.to(team.device), use_cache=False).logits  # (B, T_ctx, V+1)
     return logits[:, -1, : team.vocab_size]  # (B, V)
+
+
+def head_only(cfg: ChainConfig) -> bool:
+    """True iff LoRA adapts ``lm_head`` alone (without dropout): the frozen base's last hidden state then depends on
+    the input symbol only, so it is computed once per base and reused (:func:`_head_logits`)."""
+    return tuple(cfg.lora_targets) == ("lm_head",) and cfg.lora_dropout == 0.0
+
+
+def _head_logits(team: ChainTeam, agent: int, input_ids: Tensor) -> Tensor:
+    """Exact head-only logits: h = H[x] (H (V, d): the frozen base's final hidden state at [BOS, x], cached per base),
+    then peft's LoRA Linear computed in its own order, W h + B_a(A_a(h)) · s_a, for the agent's adapter a (no
+    dropout). Equal to the full forward up to float rounding (tested); about 10× fewer kernel launches."""
+    model: Any = team.model_of(agent)
+    name = team.adapter_names[agent]
+    key = 0 if team.cfg.shared_base else agent
+    hidden = team.hidden_cache.get(key)
+    if hidden is None:
+        with torch.no_grad():
+            ctx = team.contexts(torch.arange(team.vocab_size))  # (V, 2)
+            hidden = model.get_base_model().model(input_ids=ctx, use_cache=False).last_hidden_state[:, -1]  # (V, d)
+        team.hidden_cache[key] = hidden
+    head: Any = model.get_base_model().lm_head  # peft lora.Linear around the frozen nn.Linear
+    lora_a, lora_b = head.lora_A[name].weight, head.lora_B[name].weight  # (r, d), (V+1, r)
+    for p in (lora_a, lora_b):
+        if not p.requires_grad:  # peft's set_adapter froze it while another agent was active
+            p.requires_grad_(True)
+    h = hidden[input_ids[:, -1].to(team.device)]  # (B, d)
+    logits = F.linear(h, head.base_layer.weight) + F.linear(F.linear(h, lora_a), lora_b) * head.scaling[name]
+    return logits[:, : team.vocab_size]  # (B, V)
 
 
 def policy_matrix(team: ChainTeam, agent: int) -> Matrix:
