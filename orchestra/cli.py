@@ -93,10 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="phase 1 at demo scale: record, build datasets, train BC and CQL, evaluate against the rule-based conductors",
+        help="both phases at demo scale: record, train BC and CQL, evaluate against rule-based conductors (phase 1); "
+        "TeamTR vs baselines on telephone chains and a Stage-0 swap (phase 2)",
         epilog=EPILOG,
     )
-    p.add_argument("--out", default="runs/demo", help="run directory")
+    p.add_argument("--out", default="runs/demo", help="run directory (phase 2 writes under OUT/phase2)")
+    p.add_argument(
+        "--phases", type=int, nargs="+", choices=[1, 2], default=[1, 2], help="which phases to run (default 1 2)"
+    )
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes per family and conductor")
     p.add_argument("--train-episodes", type=int, default=None, help="recorded training episodes per conductor")
     _common(p)
@@ -124,12 +128,33 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int, default=None, help="episodes per sampled batch (default 128)")
     q.add_argument("--delta", type=float, default=None, help="per-agent trust-region KL budget δ (default 0.03)")
     q.add_argument("--lr", type=float, default=None, help="Adam learning rate (default 0.03)")
+    q.add_argument(
+        "--warm-pass",
+        type=float,
+        default=None,
+        help="warm-start per-hop pass probability (default 0.85, the reliable-agent regime; 0.55: the study's "
+        "non-saturating regime for team success)",
+    )
+    q.add_argument(
+        "--advantage",
+        choices=["grpo", "batch_mean"],
+        default=None,
+        help="grpo: normalise per key group (default); batch_mean: R − mean(R) over the batch",
+    )
+    q.add_argument("--no-adv-scale", action="store_true", help="advantages mean-centred only (no division by std)")
+    q.add_argument(
+        "--no-equal-episodes", action="store_true", help="skip the equal-episodes accounting (runs n× shorter)"
+    )
     q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
     q.add_argument("--seed", type=int, default=0, help="root seed (runs repeat exactly on CPU)")
     q.add_argument("--quiet", action="store_true", help="no progress output")
+    from orchestra.cli_align import add_parsers as add_align
     from orchestra.cli_conductor import add_parsers
+    from orchestra.cli_finetune import add_parsers as add_finetune
 
     COMMANDS.update(add_parsers(sub, _common, EPILOG))
+    COMMANDS.update(add_finetune(sub, _common, EPILOG))  # phase 2: orchestra finetune
+    COMMANDS.update(add_align(sub, _common, EPILOG))  # phase 2: orchestra align (Stage-0)
     return ap
 
 
@@ -282,8 +307,34 @@ def _cmd_demo(a: argparse.Namespace) -> int:
     from orchestra.cli_conductor import phase1_from_args
     from orchestra.phase1 import demo_config, run_phase1
 
-    run_phase1(phase1_from_args(demo_config(seed=a.seed), a), Path(a.out), command=f"orchestra demo --seed {a.seed}")
+    if 1 in a.phases:
+        cfg = phase1_from_args(demo_config(seed=a.seed), a)
+        run_phase1(cfg, Path(a.out), command=f"orchestra demo --seed {a.seed}")
+    if 2 in a.phases:
+        return _demo_phase2(Path(a.out) / "phase2", a.seed, a.quiet)
     return 0
+
+
+def _demo_phase2(out: Path, seed: int, quiet: bool) -> int:
+    """Phase 2 at demo scale (about a minute): TeamTR vs naive / joint / HAPPO on short telephone chains, then a
+    Stage-0 swap of one trained chain agent. Both parts resume: finished runs are kept."""
+    import torch
+
+    from orchestra.teamtr.bench import BenchConfig, run_bench
+
+    torch.set_num_threads(1)  # tiny models are dispatch-bound
+    summary = run_bench(BenchConfig.demo(seed=seed), out / "bench", progress=not quiet)
+    text = summary.read_text(encoding="utf-8")
+    print("\n# Phase 2 (demo scale): TeamTR on the telephone chain\n")
+    print(text[text.index("## Final exact J") : text.index("Paired J_scheme")].strip())
+    print("\n" + text[text.index("## Acceptance criteria") :].split("\n\nFiles:")[0])
+    print(f"\nfull tables and plots: {summary.parent}")
+    align_out = out / "align"
+    if (align_out / "report.md").exists():
+        print("\n" + (align_out / "report.md").read_text(encoding="utf-8"))
+        return 0
+    print("\n# Phase 2 (demo scale): Stage-0 swap of agent 1 of a 4-agent chain\n")
+    return main(["align", "chain", "--out", str(align_out), "--seed", str(seed), *(["--quiet"] if quiet else [])])
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
@@ -302,6 +353,10 @@ def _cmd_bench(a: argparse.Namespace) -> int:
         "batch_size": a.batch_size,
         "delta": a.delta,
         "lr": a.lr,
+        "warm_pass": a.warm_pass,
+        "advantage": a.advantage,
+        "adv_scale": False if a.no_adv_scale else None,
+        "extend_for_episodes": False if a.no_equal_episodes else None,
     }
     cfg = dataclasses.replace(cfg, seed=a.seed, **{k: v for k, v in overrides.items() if v is not None})
     torch.set_num_threads(1)  # tiny models are dispatch-bound

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -203,3 +204,20 @@ def test_cli_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             main([*cmd, "--help"])
         assert e.value.code == 0
         assert f"usage: orchestra {' '.join(cmd)}" in capsys.readouterr().out
+
+
+def test_demo_phase2_runs_bench_and_align_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``orchestra demo --phases 2``: the demo-scale bench (every scheme) and a Stage-0 swap; a rerun reuses both."""
+    from orchestra.cli import main
+
+    assert main(["demo", "--phases", "2", "--out", str(tmp_path), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "Phase 2 (demo scale)" in text and "Acceptance criteria" in text and "recovered fraction" in text
+    bench = tmp_path / "phase2" / "bench"
+    assert {r["scheme"] for r in _csv(bench / "runs.csv")} == {"teamtr", "naive", "joint", "happo"}
+    report = json.loads((tmp_path / "phase2" / "align" / "report.json").read_text())
+    runs_before = (bench / "runs.csv").read_bytes()
+    assert main(["demo", "--phases", "2", "--out", str(tmp_path), "--quiet"]) == 0
+    assert (bench / "runs.csv").read_bytes() == runs_before  # resumed: nothing re-run
+    assert json.loads((tmp_path / "phase2" / "align" / "report.json").read_text()) == report
+    assert "swap shock" in capsys.readouterr().out

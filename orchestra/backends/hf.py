@@ -49,7 +49,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 @contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[None]:
     """No progress bars while loading. The GGUF dequantisation loop uses a bare ``tqdm`` that the
     transformers progress-bar switch does not reach (modeling_gguf_pytorch_utils.py), so that module's
     ``tqdm`` is swapped for a disabled one for the duration of the load, then restored."""
@@ -114,7 +114,7 @@ class TransformersBackend:
         source = resolve_model(model)
         kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
         try:
-            with _quiet_loading():
+            with quiet_loading():
                 tokenizer = AutoTokenizer.from_pretrained(source.folder, **kwargs)
                 extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
                 lm: Any = AutoModelForCausalLM.from_pretrained(source.folder, dtype=_DTYPES[dtype], **kwargs, **extra)

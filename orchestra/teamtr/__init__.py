@@ -5,8 +5,8 @@ credit assignment (:mod:`orchestra.teamtr.credit`). Formulas: the design notes `
 Re-exported lazily (PEP 562), so that importing the pure layer imports neither transformers nor peft: the
 telephone-chain testbed (:mod:`~orchestra.teamtr.chain`), the trainer (:mod:`~orchestra.teamtr.trainer`), the
 chain as a trainable team (:mod:`~orchestra.teamtr.team`), checkpoints (:mod:`~orchestra.teamtr.checkpoint`), the
-benchmark (:mod:`~orchestra.teamtr.bench`) and Stage-0 alignment (:mod:`~orchestra.teamtr.align`, generic, and
-:mod:`~orchestra.teamtr.align_chain`).
+benchmark (:mod:`~orchestra.teamtr.bench`), Stage-0 alignment (:mod:`~orchestra.teamtr.align`, generic, and
+:mod:`~orchestra.teamtr.align_chain`) and the real-LLM team (:mod:`~orchestra.teamtr.llm`).
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
         "swap_shock",
     ),
     "orchestra.teamtr.align_chain": ("ChainSwapConfig", "build_chain_newcomer", "chain_swap_shock"),
+    "orchestra.teamtr.llm": ("LLMRollout", "LLMTeam", "LLMTeamConfig", "LLMTeamError", "Turn"),
 }
 _LAZY: dict[str, str] = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 

@@ -1,0 +1,652 @@
+"""A team of real LLM workers as a :class:`~orchestra.teamtr.protocols.TrainableTeam` (DESIGN §5, issue 4 part 1).
+
+The SAME trainer (:func:`orchestra.teamtr.trainer.train`) that runs the telephone chain fine-tunes the workers of a
+team file (``orchestra/teams/arithmetic.yaml``…) under a FIXED conductor:
+
+* **models**: by default ONE frozen base shared by every trainable worker, with ONE peft LoRA adapter per trainable
+  worker (named after the worker) on one ``PeftModel``; ``shared_base=False`` gives each its own base (heterogeneous
+  teams: ``worker_models``). The base is the embedded SmolLM2 GGUF (``from_pretrained(folder, gguf_file=...)``,
+  dequantised to ``dtype``) or any model :func:`~orchestra.backends.models.resolve_model` accepts, or ``"tiny"``: a
+  random-init Llama with the SmolLM2 tokenizer (unit tests). Base weights are frozen; only the adapters train.
+* **rollouts**: episodes of the team's ``TeamEnv`` through the phase-1 :class:`~orchestra.rollout.RolloutEngine`;
+  trainable workers are served by a :class:`~orchestra.backends.hf.TransformersBackend` with their adapter selected,
+  sampling at ``temperature`` > 0 (the team file's greedy generation is overridden for them); tools and frozen LLM
+  workers act as usual. A batch of B episodes is B / G tasks of the family's TRAIN split, each run G times with
+  different seeds (GRPO groups: ``group_ids`` = task index). All randomness comes from the generator passed to
+  :meth:`LLMTeam.sample`, so CPU runs repeat exactly. Reward = the episode's team return (or its success).
+* **exact tokens, per-turn samples** (``research/algorithms.md`` §4.5 layout (a)): every turn of a trainable worker
+  is recorded as (episode row, agent, prompt token ids exactly as fed to the model, sampled token ids, behaviour
+  log-probs). Nothing is ever re-tokenised: the training forward feeds ``prompt_ids + token_ids`` through the model
+  with the agent's adapter active (teacher forcing). Other workers' messages and tool outputs are only context
+  (inside the prompt ids); the own-token mask selects the agent's sampled tokens only.
+
+Trainer layout (agent-major, :class:`LLMRollout`): ``mask``/``behaviour_logprobs`` are (n, B, T), n = trainable
+workers, B = episodes, T = the longest concatenation of one agent's own tokens in one episode. Agent i's row b holds
+ITS turns of episode b one after the other (turn 1's tokens, then turn 2's…), left-aligned, the rest masked off. An
+episode's sum over the row is the agent's sequence log-probability (HAPPO factors, the joint ratio).
+
+The policy being trained is the SAMPLING distribution: π_i(y | s) = softmax(z / temperature) — what the backend's
+behaviour log-probs are (``orchestra.backends.sampling``). Logprobs and logits returned here are of z / temperature,
+so behaviour log-probs equal the current ones right after sampling (fp32 CPU: |Δ| ≲ 1e-4, the decode path uses a KV
+cache and another padding, so only rounding differs; bf16: ≲ 5e-2). ``top_p`` < 1 samples from a truncated
+distribution the trainer does not model: its behaviour log-probs then differ (logged as ``behaviour_gap``).
+
+With a bfloat16 base, peft keeps the adapters in float32 (``autocast_adapter_dtype``), so Adam updates are not rounded.
+
+GPU configuration (``orchestra/teamtr/configs/smollm2_gpu.yaml``): ``dtype: bfloat16, device: cuda``, 64 episodes per
+batch (8 tasks × G = 8), ``max_tokens: 128``, decode/forward batches of 64/32 rows, 64 held-out evaluation tasks.
+CPU (2 busy cores, one torch thread, fp32; measured): loading SmolLM2 17–36 s; a batch of 4 episodes × 3 LLM turns of
+≤ 24 tokens samples in ~19 s; one update of a worker with 8 turns (4 forwards + 1 backward) takes ~55 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from envs.tasks.base import TaskFamily
+from orchestra.backends import make_backend
+from orchestra.backends.base import Backend, Completion, GenerationParams, GenerationRequest, Usage
+from orchestra.backends.hf import TransformersBackend
+from orchestra.backends.models import resolve_model
+from orchestra.conductors import conductor_factory, split_spec
+from orchestra.rollout import EpisodeJob, RolloutEngine, episode_seed
+from orchestra.team import TeamSpec, load_team
+from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, with_adapters
+from orchestra.workers import Worker
+from trajectories import Episode
+
+LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LLMTeamError(ValueError):
+    """A bad LLM-team setting (unknown or tool worker, missing conductor checkpoint…); the message names it."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# configs
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Size of the ``model="tiny"`` base: a random-init Llama over the SmolLM2 tokenizer's vocabulary (no download)."""
+
+    hidden_size: int = 32  # residual width
+    intermediate_size: int = 64  # MLP width
+    num_layers: int = 2  # decoder layers
+    num_heads: int = 4  # attention heads (= key/value heads); must divide hidden_size
+    max_position_embeddings: int = 2048  # context length (prompts + messages)
+    initializer_range: float = 0.02  # init std (0.02: near-uniform next-token distributions)
+
+
+@dataclass(frozen=True)
+class LLMTeamConfig:
+    """Every knob of an LLM team for TeamTR (written into run directories and checkpoints, compared on resume)."""
+
+    team: str = "arithmetic"  # built-in team name or team YAML file
+    family: str | None = None  # task family (None = the team's); tasks come from its train split
+    difficulty: int | None = None  # one difficulty level of the family (None = mixed)
+    conductor: str = "pipeline"  # the FIXED conductor: a rule-based name or LABEL:CHECKPOINT of a phase-1 one
+    pipeline: tuple[str, ...] = ()  # override the team file's pipeline steps ("worker:instruction"); () = the file's
+    embedder: str | None = None  # override the team's observation embedder (minilm | hash | none); None = the file's
+    workers: tuple[str, ...] = ("solver",)  # trainable LLM workers (one LoRA adapter each), in agent order
+    frozen_workers: Literal["base", "team"] = "base"  # other LLM workers: the base, adapters off | the team's backend
+    model: str = "smollm2"  # base model: alias, .gguf file, HF folder, or "tiny" (random Llama, tests)
+    worker_models: tuple[str, ...] = ()  # one model per trainable worker (needs shared_base=False); () = all `model`
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)  # size of the "tiny" base
+    shared_base: bool = True  # one frozen base + one adapter per worker; False = one base per worker
+    dtype: str = "float32"  # float32 (CPU) | bfloat16 (GPU) | float16
+    device: str = "cpu"  # torch device of the models (cuda on a GPU)
+    attn_implementation: str | None = None  # transformers attention kernel (None = its default, sdpa)
+    lora_r: int = 8  # LoRA rank
+    lora_alpha: int = 16  # LoRA scale numerator (scale = alpha / r)
+    lora_dropout: float = 0.0  # 0 keeps train-mode and sampling log-probs identical
+    lora_targets: tuple[str, ...] = LORA_TARGETS  # module names that get LoRA (SmolLM2 ties lm_head: not targeted)
+    temperature: float = 1.0  # sampling temperature of trainable workers (> 0; the trained policy is softmax(z/T))
+    top_p: float = 1.0  # nucleus mass of trainable workers (< 1 makes rollouts off-policy: see module docstring)
+    max_tokens: int = 64  # new tokens per turn of a trainable worker (stop strings: the team file's)
+    group_size: int = 4  # G: episodes per task in a batch (batch_size must be a multiple)
+    reward: Literal["return", "success"] = "return"  # episode reward: the team return or the verifier's success
+    has_logits: bool = False  # offer (B, T, V) logits: exact-vocabulary KL (memory-hungry at V = 49152); else k3
+    forward_batch_size: int = 16  # turns per training forward pass (memory)
+    max_batch_size: int = 16  # rows per decoding forward pass
+    num_envs: int = 16  # envs stepped at once by the rollout engine (worker requests batched across them)
+    eval_tasks: int = 0  # held-out TEST-split tasks scored after every stage (exact_success); 0 = off
+    eval_temperature: float = 0.0  # decoding of trainable workers in the held-out evaluation (0 = greedy)
+    seed: int = 0  # LoRA (and tiny base) init, backend sampling salt, held-out tasks
+
+    def __post_init__(self) -> None:
+        if not self.workers or len(set(self.workers)) != len(self.workers):
+            raise LLMTeamError(f"workers: name each trainable worker once, got {list(self.workers)}")
+        if self.dtype not in DTYPES:
+            raise LLMTeamError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.temperature <= 0 or not 0 < self.top_p <= 1:
+            raise LLMTeamError(f"need temperature > 0 and 0 < top_p ≤ 1, got {self.temperature}, {self.top_p}")
+        if self.max_tokens < 1 or self.group_size < 1 or self.forward_batch_size < 1 or self.eval_tasks < 0:
+            raise LLMTeamError("need max_tokens ≥ 1, group_size ≥ 1, forward_batch_size ≥ 1, eval_tasks ≥ 0")
+        if self.reward not in ("return", "success") or self.frozen_workers not in ("base", "team"):
+            raise LLMTeamError(f"reward {self.reward!r} / frozen_workers {self.frozen_workers!r} not known")
+        if self.worker_models and (self.shared_base or len(self.worker_models) != len(self.workers)):
+            raise LLMTeamError("worker_models needs shared_base=False and one model per trainable worker")
+
+    def model_of(self, agent: int) -> str:
+        """The base model spec of trainable worker ``agent``."""
+        return self.worker_models[agent] if self.worker_models else self.model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the batch
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a trainable worker: what it saw and what it sampled, exactly (token ids, never text)."""
+
+    row: int  # episode row in the batch
+    agent: int  # trainable-worker index
+    prompt_ids: tuple[int, ...]  # the chat-template tokens fed to the model
+    token_ids: tuple[int, ...]  # sampled ids (EOS / stop-string tokens included: they were sampled)
+    logprobs: tuple[float, ...]  # behaviour log π(y_u | s_u) of each sampled id
+    offset: int = 0  # position of the first sampled id in the agent's row of the (B, T) layout
+
+
+@dataclass(frozen=True)
+class LLMRollout:
+    """B episodes in the trainer's layout (``RolloutBatch``); build with :meth:`build`.
+
+    ``behaviour_logprobs``/``mask`` are (n, B, T) on the team's device; ``turns`` hold the exact token ids; row b of
+    every tensor and ``episodes[b]`` is the same episode.
+    """
+
+    turns: tuple[Turn, ...]  # every trainable-worker turn (with offsets)
+    episodes: tuple[Episode, ...]  # (B,) the trajectory records
+    rewards: Tensor  # (B,) float32 episode reward
+    group_ids: Tensor  # (B,) long GRPO group (task index)
+    behaviour_logprobs: Tensor  # (n, B, T) float32, 0 off the mask
+    mask: Tensor  # (n, B, T) bool, agent i's own sampled tokens
+    num_tokens: int  # tokens generated by all workers in these episodes (cost accounting)
+
+    @staticmethod
+    def build(
+        turns: Sequence[Turn],
+        episodes: Sequence[Episode],
+        rewards: Tensor,
+        group_ids: Tensor,
+        n_agents: int,
+        width: int | None = None,
+    ) -> LLMRollout:
+        """Lay ``turns`` (chronological per (row, agent); offsets ignored) out agent-major; T = ``width`` or the
+        longest agent row (≥ 1)."""
+        b_size = len(episodes)
+        used: dict[tuple[int, int], int] = defaultdict(int)
+        placed = []
+        for t in turns:
+            placed.append(dataclasses.replace(t, offset=used[t.agent, t.row]))
+            used[t.agent, t.row] += len(t.token_ids)
+        width = max(max(used.values(), default=0), 1) if width is None else width
+        logp = torch.zeros(n_agents, b_size, width)
+        mask = torch.zeros(n_agents, b_size, width, dtype=torch.bool)
+        for t in placed:
+            end = t.offset + len(t.token_ids)
+            if end > width:
+                raise ValueError(f"turn of agent {t.agent} in row {t.row} ends at {end} > T = {width}")
+            logp[t.agent, t.row, t.offset : end] = torch.tensor(t.logprobs)
+            mask[t.agent, t.row, t.offset : end] = True
+        device = rewards.device
+        return LLMRollout(
+            turns=tuple(placed),
+            episodes=tuple(episodes),
+            rewards=rewards,
+            group_ids=group_ids,
+            behaviour_logprobs=logp.to(device),
+            mask=mask.to(device),
+            num_tokens=sum(e.total_tokens for e in episodes),
+        )
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.mask.shape[-1])
+
+    def turns_of(self, agent: int) -> list[Turn]:
+        return [t for t in self.turns if t.agent == agent]
+
+    def select(self, rows: Tensor) -> LLMRollout:
+        """Episodes ``rows`` (a minibatch), renumbered 0..len(rows)−1, same T (the trainer slices (B, T) inputs)."""
+        keep = [int(r) for r in rows.tolist()]
+        new_row = {r: j for j, r in enumerate(keep)}
+        turns = sorted(
+            (dataclasses.replace(t, row=new_row[t.row]) for t in self.turns if t.row in new_row),
+            key=lambda t: (t.row, t.agent, t.offset),
+        )
+        idx = torch.tensor(keep, dtype=torch.long, device=self.rewards.device)
+        return LLMRollout(
+            turns=tuple(turns),
+            episodes=tuple(self.episodes[r] for r in keep),
+            rewards=self.rewards[idx],
+            group_ids=self.group_ids[idx],
+            behaviour_logprobs=self.behaviour_logprobs[:, idx],
+            mask=self.mask[:, idx],
+            num_tokens=sum(self.episodes[r].total_tokens for r in keep),
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# recording trainable workers' turns
+
+
+@dataclass
+class _Recorder:
+    """The batch being sampled: task object identity → episode row (each episode gets its own Task copy), and turns."""
+
+    rows: dict[int, int] | None = None  # None: not recording (held-out evaluation)
+    turns: list[Turn] = field(default_factory=list)
+
+
+class AdapterBackend:
+    """A ``Backend`` for one trainable worker: the shared :class:`TransformersBackend` with the worker's adapter,
+    recording each turn's exact prompt ids, sampled ids and behaviour log-probs (``Completion`` carries no prompt)."""
+
+    def __init__(self, hf: TransformersBackend, adapter: str, agent: int, recorder: _Recorder) -> None:
+        self.hf, self.adapter, self.agent, self.recorder = hf, adapter, agent, recorder
+        self.model_id = f"{hf.model_id}+lora:{adapter}"
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        prompts = [self.hf.prompt_ids(r.messages) for r in requests]
+        rows = self.hf.generate_ids(prompts, [r.params for r in requests], adapter=self.adapter)
+        out = []
+        for r, prompt, g in zip(requests, prompts, rows, strict=True):
+            if self.recorder.rows is not None:
+                row = self.recorder.rows.get(id(r.context.get("task")))
+                if row is None:
+                    raise RuntimeError(f"{self.model_id}: a request of no episode of the batch being sampled")
+                self.recorder.turns.append(Turn(row, self.agent, tuple(prompt), g.token_ids, g.logprobs))
+            out.append(
+                Completion(
+                    text=g.text or "",
+                    token_ids=g.token_ids,
+                    logprobs=g.logprobs,
+                    finish_reason=g.finish_reason,
+                    usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(g.token_ids)),
+                    model_id=self.model_id,
+                    metadata={"adapter": self.adapter},
+                )
+            )
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the team
+
+
+class LLMTeam:
+    """The workers of a team file as a ``TrainableTeam[LLMRollout]`` (module docstring); ``log`` gets progress lines.
+
+    Construction checks the settings BEFORE loading any model: unknown worker, a tool named as trainable, a missing
+    conductor checkpoint or model path fail at once with a message naming them.
+    """
+
+    def __init__(self, cfg: LLMTeamConfig, *, log: Callable[[str], None] | None = None) -> None:
+        self.cfg, self._log = cfg, log
+        self.spec, self.family = _load_team(cfg)
+        label, checkpoint = split_spec(cfg.conductor)
+        if checkpoint is not None and not Path(checkpoint).is_dir():
+            raise LLMTeamError(f"conductor {cfg.conductor!r}: checkpoint folder {checkpoint!r} does not exist")
+        self.conductor_factory = conductor_factory(cfg.conductor, self.spec, cfg.seed)
+        self._conductor_ref = (label, checkpoint)
+        for spec in {cfg.model_of(i) for i in range(len(cfg.workers))} - {TINY}:
+            resolve_model(spec)  # a bad model path fails here, before anything loads
+        self.recorder = _Recorder()
+        t0 = time.perf_counter()
+        self.models: list[Any] = []  # one PeftModel (shared base) or one per agent
+        self.backends: list[TransformersBackend] = []
+        if cfg.shared_base:
+            base, tok, model_id = load_base(cfg.model, cfg, cfg.seed)
+            self.models.append(with_adapters(base, cfg, cfg.workers, cfg.seed))
+            self.backends.append(
+                TransformersBackend.from_model(self.models[0], tok, model_id, cfg.max_batch_size, cfg.seed)
+            )
+        else:
+            for i, name in enumerate(cfg.workers):
+                base, tok, model_id = load_base(cfg.model_of(i), cfg, cfg.seed + i)
+                self.models.append(with_adapters(base, cfg, [name], cfg.seed + i))
+                self.backends.append(
+                    TransformersBackend.from_model(self.models[i], tok, model_id, cfg.max_batch_size, cfg.seed)
+                )
+        self._say(f"loaded {self.backends[0].model_id} ({cfg.dtype}, {cfg.device}) in {time.perf_counter() - t0:.1f} s")
+        self._params = [
+            [p for k, p in self.model_of(i).named_parameters() if f".{name}." in k]
+            for i, name in enumerate(cfg.workers)
+        ]
+        self._frozen_backends: dict[str, Backend] = {}  # frozen_workers="team": team-file backends, built once
+        self.workers = self._workers(cfg.temperature)
+        self.eval_workers = self._workers(cfg.eval_temperature)
+        self.engine = self._engine(self.workers, "teamtr")
+        self.eval_engine = self._engine(self.eval_workers, "teamtr-eval")
+        self.eval_tasks = (
+            self.family.generate("test", cfg.eval_tasks, cfg.seed, cfg.difficulty) if cfg.eval_tasks else []
+        )
+        self.last_sample_seconds = 0.0
+
+    # -- construction helpers ---------------------------------------------------------------------------------
+    def _say(self, line: str) -> None:
+        if self._log is not None:
+            self._log(line)
+
+    def _workers(self, temperature: float) -> dict[str, Worker]:
+        cfg, spec = self.cfg, self.spec
+        tools = self.family.tools()
+        tool_backend: Backend | None = None
+        frozen = self._frozen_backends
+        out: dict[str, Worker] = {}
+        for ws in spec.env.workers:
+            rt = spec.workers[ws.name]
+            if ws.name in cfg.workers:
+                i = cfg.workers.index(ws.name)
+                params = GenerationParams(
+                    max_tokens=cfg.max_tokens, temperature=temperature, top_p=cfg.top_p, stop=rt.generation.stop
+                )
+                backend: Backend = AdapterBackend(self.backend_of(i), ws.name, i, self.recorder)
+                out[ws.name] = Worker(ws.name, "llm", backend, params, ws.prompt_version)
+            elif rt.kind == "tool":
+                if rt.tool not in tools:
+                    raise LLMTeamError(
+                        f"{spec.path}: worker {ws.name!r}: tool {rt.tool!r} is not one of {sorted(tools)}"
+                    )
+                tool_backend = tool_backend or make_backend({"type": "tool", "tools": dict(tools)})
+                out[ws.name] = Worker(ws.name, "tool", tool_backend, rt.generation, ws.prompt_version, rt.tool)
+            else:
+                assert rt.backend is not None
+                if cfg.frozen_workers == "base":
+                    backend = self.backends[0]  # the base with every adapter disabled (context has no adapter)
+                else:
+                    if rt.backend not in frozen:
+                        frozen[rt.backend] = make_backend(dict(spec.backends[rt.backend]))
+                    backend = frozen[rt.backend]
+                out[ws.name] = Worker(ws.name, "llm", backend, rt.generation, ws.prompt_version)
+        return out
+
+    def _engine(self, workers: dict[str, Worker], run_id: str) -> RolloutEngine:
+        label, checkpoint = self._conductor_ref
+        return RolloutEngine(
+            self.spec,
+            self.family,
+            workers,
+            self.conductor_factory,
+            conductor_name=label,
+            conductor_checkpoint=checkpoint,
+            run_id=run_id,
+            num_envs=self.cfg.num_envs,
+            progress=False,
+        )
+
+    # -- layout -------------------------------------------------------------------------------------------------
+    @property
+    def config(self) -> LLMTeamConfig:
+        """``ConfiguredTeam``: written into run directories and checked on resume."""
+        return self.cfg
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        return self.cfg.workers
+
+    @property
+    def has_logits(self) -> bool:
+        return self.cfg.has_logits
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.cfg.device)
+
+    def model_of(self, agent: int) -> Any:
+        """The PeftModel holding ``agent``'s adapter."""
+        return self.models[0] if self.cfg.shared_base else self.models[agent]
+
+    def backend_of(self, agent: int) -> TransformersBackend:
+        return self.backends[0] if self.cfg.shared_base else self.backends[agent]
+
+    # -- sampling -----------------------------------------------------------------------------------------------
+    def sample(self, batch_size: int, generator: torch.Generator) -> LLMRollout:
+        """``batch_size`` fresh episodes: batch_size / G train tasks × G seeds, all drawn from ``generator``."""
+        g_size = self.cfg.group_size
+        if batch_size % g_size:
+            raise LLMTeamError(f"batch_size {batch_size} is not a multiple of group_size G = {g_size}")
+        t0 = time.perf_counter()
+        task_seed = int(torch.randint(2**31 - 1, (1,), generator=generator))
+        tasks = self.family.generate("train", batch_size // g_size, task_seed, self.cfg.difficulty)
+        seeds = torch.randint(2**31 - 1, (batch_size,), generator=generator).tolist()
+        # one Task object per episode: a turn is matched to its episode row by the identity of its task
+        jobs = [
+            EpisodeJob(f"teamtr-{row:05d}", dataclasses.replace(tasks[row // g_size]), int(seed))
+            for row, seed in enumerate(seeds)
+        ]
+        self.recorder.rows, self.recorder.turns = {id(j.task): row for row, j in enumerate(jobs)}, []
+        try:
+            done = self.engine.run(jobs)
+            turns = self.recorder.turns
+        finally:
+            self.recorder.rows, self.recorder.turns = None, []
+        row_of = {j.episode_id: row for row, j in enumerate(jobs)}
+        episodes: list[Episode | None] = [None] * batch_size
+        for ep in done:
+            episodes[row_of[ep.episode_id]] = ep
+        eps = [e for e in episodes if e is not None]
+        if len(eps) != batch_size:
+            raise RuntimeError(f"the rollout engine returned {len(eps)} of {batch_size} episodes")
+        _check_turns(turns, eps, self.cfg.workers)
+        rewards = [e.return_ if self.cfg.reward == "return" else float(e.success) for e in eps]
+        batch = LLMRollout.build(
+            turns,
+            eps,
+            torch.tensor(rewards, dtype=torch.float32, device=self.device),
+            torch.tensor([row // g_size for row in range(batch_size)], device=self.device),
+            len(self.cfg.workers),
+        )
+        self.last_sample_seconds = time.perf_counter() - t0
+        per_agent = ", ".join(f"{n} {len(batch.turns_of(i))} turns" for i, n in enumerate(self.agent_names))
+        self._say(
+            f"  sampled {batch_size} episodes ({len(tasks)} tasks × G={g_size}): reward {sum(rewards) / batch_size:.3f}, "
+            f"success {sum(e.success for e in eps) / batch_size:.0%}, {batch.num_tokens} tokens, {per_agent}, "
+            f"{self.last_sample_seconds:.1f} s"
+        )
+        return batch
+
+    def exact_success(self) -> float | None:
+        """Held-out team success: the mean verifier success of ``eval_tasks`` TEST-split tasks (fixed tasks and
+        seeds; trainable workers at ``eval_temperature``, greedy by default). None when ``eval_tasks`` = 0."""
+        if not self.eval_tasks:
+            return None
+        jobs = [EpisodeJob(f"eval-{i:05d}", t, episode_seed(self.cfg.seed, i)) for i, t in enumerate(self.eval_tasks)]
+        eps = self.eval_engine.run(jobs)
+        success = sum(e.success for e in eps) / len(eps)
+        self._say(f"  held-out success {success:.1%} on {len(eps)} test tasks")
+        return success
+
+    # -- teacher-forced log-probs -------------------------------------------------------------------------------
+    def _select(self, agent: int) -> Any:
+        """Activate ``agent``'s adapter (trainable; the others frozen by peft) in train mode (no dropout: LoRA dropout
+        0 by default, Llama has none) and return its model."""
+        model = self.model_of(agent)
+        model.set_adapter(self.cfg.workers[agent])
+        model.train()
+        return model
+
+    def _turn_logits(self, agent: int, turns: Sequence[Turn]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """Per chunk of ``forward_batch_size`` turns: (logits (N, R, V) of z / temperature, targets (N, R), valid
+        (N, R)). Sequences prompt+sampled are LEFT-padded (positions = cumsum(mask) − 1, as in decoding), so every
+        turn's sampled ids end at the last column; the last R + 1 positions' logits predict them (shift by one):
+        column c of the output predicts the token at column W − R + c, and turn n's ids sit in its last L_n columns."""
+        model = self._select(agent)
+        pad = self.backend_of(agent).pad_id
+        for start in range(0, len(turns), self.cfg.forward_batch_size):
+            chunk = turns[start : start + self.cfg.forward_batch_size]
+            seqs = [t.prompt_ids + t.token_ids for t in chunk]
+            width = max(len(s) for s in seqs)
+            r_max = max(len(t.token_ids) for t in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            tgt = torch.zeros((len(chunk), r_max), dtype=torch.long)
+            valid = torch.zeros((len(chunk), r_max), dtype=torch.bool)
+            for n, (t, s) in enumerate(zip(chunk, seqs, strict=True)):
+                ids[n, width - len(s) :] = torch.tensor(s)
+                attn[n, width - len(s) :] = 1
+                if t.token_ids:
+                    tgt[n, r_max - len(t.token_ids) :] = torch.tensor(t.token_ids)
+                    valid[n, r_max - len(t.token_ids) :] = True
+            ids, attn = ids.to(self.device), attn.to(self.device)
+            pos = (attn.cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=r_max + 1)
+            logits = out.logits[:, :-1, :].float() / self.cfg.temperature  # (N, R, V)
+            yield logits, tgt.to(self.device), valid.to(self.device)
+
+    def _positions(self, turns: Sequence[Turn], width: int) -> Tensor:
+        """Flat (B·T) indices of the turns' sampled ids, in turn order then token order."""
+        return torch.tensor(
+            [t.row * width + t.offset + j for t in turns for j in range(len(t.token_ids))],
+            dtype=torch.long,
+            device=self.device,
+        )
+
+    def _anchor(self, agent: int) -> Tensor:
+        """0 · Σ θ_agent: joins an output to the agent's parameters, so an agent with no tokens gets zero gradients."""
+        return sum((p.sum() for p in self.parameters(agent)), torch.zeros((), device=self.device)) * 0.0
+
+    def logprobs(self, agent: int, batch: LLMRollout) -> Tensor:
+        """(B, T) log π_agent^θ(y_u | s_u) = log_softmax(z / temperature)[y_u] at the agent's own positions (0 off the
+        mask), with grad through its adapter."""
+        self._select(agent)
+        b_size, width = batch.batch_size, batch.width
+        turns = [t for t in batch.turns_of(agent) if t.token_ids]
+        flat = torch.zeros(b_size * width, device=self.device) + self._anchor(agent)
+        if not turns:
+            return flat.view(b_size, width)
+        values = []
+        for logits, tgt, valid in self._turn_logits(agent, turns):
+            logp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N, R)
+            values.append(logp[valid])
+        return flat.index_put((self._positions(turns, width),), torch.cat(values)).view(b_size, width)
+
+    def logits(self, agent: int, batch: LLMRollout) -> Tensor:
+        """(B, T, V) current z / temperature at the agent's own positions (0 elsewhere), with grad. Needs
+        ``has_logits`` (B·T·V floats: memory-hungry at V = 49152)."""
+        if not self.cfg.has_logits:
+            raise LLMTeamError("logits() needs has_logits=True (exact-vocabulary KL)")
+        self._select(agent)
+        b_size, width = batch.batch_size, batch.width
+        turns = [t for t in batch.turns_of(agent) if t.token_ids]
+        chunks = [logits[valid] for logits, _, valid in self._turn_logits(agent, turns)]  # (M, V) each
+        vocab = chunks[0].shape[-1] if chunks else self._vocab(agent)
+        flat = torch.zeros(b_size * width, vocab, device=self.device) + self._anchor(agent)
+        if chunks:
+            flat = flat.index_put((self._positions(turns, width),), torch.cat(chunks))
+        return flat.view(b_size, width, vocab)
+
+    def _vocab(self, agent: int) -> int:
+        return int(self.model_of(agent).get_output_embeddings().weight.shape[0])
+
+    # -- parameters -----------------------------------------------------------------------------------------------
+    def parameters(self, agent: int) -> list[torch.nn.Parameter]:
+        """The agent's LoRA parameters (never the base's)."""
+        return self._params[agent]
+
+    def named_parameters(self, agent: int) -> dict[str, torch.nn.Parameter]:
+        name = self.cfg.workers[agent]
+        return {k: p for k, p in self.model_of(agent).named_parameters() if f".{name}." in k}
+
+    def state(self, agent: int) -> dict[str, Tensor]:
+        return {k: p.detach().clone() for k, p in self.named_parameters(agent).items()}
+
+    def load_state(self, agent: int, state: dict[str, Tensor]) -> None:
+        params = self.named_parameters(agent)
+        if params.keys() != state.keys():
+            raise KeyError(f"adapter state of {self.cfg.workers[agent]!r} does not match its parameters")
+        with torch.no_grad():
+            for k, p in params.items():
+                p.copy_(state[k])
+
+    def base_parameters(self) -> dict[str, Tensor]:
+        """Every non-LoRA parameter of every base by name (prefixed ``base{j}.`` with separate bases)."""
+        out: dict[str, Tensor] = {}
+        for j, model in enumerate(self.models):
+            prefix = "" if self.cfg.shared_base else f"base{j}."
+            out.update({prefix + k: p for k, p in model.named_parameters() if "lora_" not in k})
+        return out
+
+    def save_adapters(self, folder: str | Path) -> dict[str, Path]:
+        """Write every agent's adapter as a peft folder ``folder/{worker}/`` (loadable by a team file's transformers
+        backend: ``adapters: {worker: folder/worker}``); returns the paths."""
+        out: dict[str, Path] = {}
+        for i, name in enumerate(self.cfg.workers):
+            target = Path(folder) / name
+            self.model_of(i).save_pretrained(str(target), selected_adapters=[name])
+            nested = target / name  # peft writes a non-"default" adapter into a sub-folder named after it
+            if nested.is_dir():
+                for f in nested.iterdir():
+                    f.replace(target / f.name)
+                nested.rmdir()
+            out[name] = target
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
+    """The team file (with the config's overrides) and its task family; checks the trainable workers."""
+    from orchestra.runs import resolve_family
+
+    overrides: dict[str, Any] = {}
+    if cfg.pipeline or cfg.embedder is not None:
+        raw = load_team(cfg.team).raw
+        if cfg.pipeline:
+            conductors = dict(raw.get("conductors") or {})
+            conductors["pipeline"] = {**dict(conductors.get("pipeline") or {}), "steps": list(cfg.pipeline)}
+            overrides["conductors"] = conductors
+        if cfg.embedder is not None:
+            overrides["embedder"] = cfg.embedder
+    spec = load_team(cfg.team, overrides=overrides)
+    names = list(spec.env.worker_names)
+    for name in cfg.workers:
+        if name not in spec.workers:
+            raise LLMTeamError(f"unknown worker {name!r}: team {spec.name!r} has workers {names}")
+        if spec.workers[name].kind != "llm":
+            raise LLMTeamError(f"worker {name!r} of team {spec.name!r} is a tool: only LLM workers can be fine-tuned")
+    return spec, resolve_family(spec, cfg.family)
+
+
+def _check_turns(turns: Sequence[Turn], episodes: Sequence[Episode], workers: Sequence[str]) -> None:
+    """The recorded turns must be exactly the trainable workers' messages of the episodes (ids, in order)."""
+    recorded: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for t in turns:
+        recorded[t.row, t.agent].extend(t.token_ids)
+    for row, ep in enumerate(episodes):
+        for agent, name in enumerate(workers):
+            ids = [
+                i for s in ep.steps if s.message is not None and s.message.worker == name for i in s.message.token_ids
+            ]
+            if ids != recorded.get((row, agent), []):
+                raise RuntimeError(f"episode {ep.episode_id}: {name}'s recorded turns differ from its messages")
+
+
+__all__ = [
+    "LORA_TARGETS",
+    "AdapterBackend",
+    "LLMRollout",
+    "LLMTeam",
+    "LLMTeamConfig",
+    "LLMTeamError",
+    "TinyModelConfig",
+    "Turn",
+]

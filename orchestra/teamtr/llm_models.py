@@ -1,0 +1,101 @@
+"""Models of an LLM team (:mod:`orchestra.teamtr.llm`): tokenizer and base loading, and the multi-adapter
+``PeftModel`` (one LoRA adapter per trainable worker on one frozen base)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from orchestra.backends.base import BackendError
+from orchestra.backends.models import resolve_model
+
+if TYPE_CHECKING:
+    from orchestra.teamtr.llm import LLMTeamConfig
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TINY = "tiny"  # model name of the random-init test model (a small Llama with the SmolLM2 tokenizer)
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of ``model`` (``"tiny"``: SmolLM2's), loaded once per process (GGUF parsing takes ~7 s)."""
+    from transformers import AutoTokenizer
+
+    from orchestra.backends.hf import quiet_loading
+
+    source = resolve_model("smollm2" if model == TINY else model)
+    kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
+    try:
+        with quiet_loading():
+            return AutoTokenizer.from_pretrained(source.folder, **kwargs)
+    except (OSError, ValueError) as e:
+        raise BackendError(f"transformers could not load the tokenizer of {str(source.path)!r}: {e}") from e
+
+
+def load_base(model: str, cfg: LLMTeamConfig, seed: int) -> tuple[Any, Any, str]:
+    """(causal LM on ``cfg.device`` in ``cfg.dtype``, tokenizer, model id) for a model spec; frozen by peft later."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from orchestra.backends.hf import quiet_loading
+
+    tokenizer = load_tokenizer(model)
+    dtype = DTYPES[cfg.dtype]
+    extra = {"attn_implementation": cfg.attn_implementation} if cfg.attn_implementation else {}
+    if model == TINY:
+        t = cfg.tiny
+        llama = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size,
+            num_hidden_layers=t.num_layers,
+            num_attention_heads=t.num_heads,
+            num_key_value_heads=t.num_heads,
+            max_position_embeddings=t.max_position_embeddings,
+            initializer_range=t.initializer_range,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=False,
+        )
+        with torch.random.fork_rng(devices=[]):  # deterministic init, the caller's RNG untouched
+            torch.manual_seed(seed)
+            tiny: Any = AutoModelForCausalLM.from_config(llama, **extra)
+        return tiny.to(device=cfg.device, dtype=dtype), tokenizer, f"tiny-llama-s{seed}"
+    source = resolve_model(model)
+    kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
+    try:
+        with quiet_loading():
+            lm: Any = AutoModelForCausalLM.from_pretrained(source.folder, dtype=dtype, **kwargs, **extra)
+    except (OSError, ValueError) as e:
+        raise BackendError(f"transformers could not load {str(source.path)!r}: {e}") from e
+    return lm.to(cfg.device), tokenizer, f"hf:{source.name}"
+
+
+def with_adapters(base: Any, cfg: LLMTeamConfig, names: Sequence[str], seed: int) -> Any:
+    """One ``PeftModel`` with a LoRA adapter per name (base frozen by peft); adapter init seeded by ``seed``."""
+    from peft import LoraConfig, get_peft_model
+
+    def lora() -> LoraConfig:
+        return LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.lora_targets),
+            bias="none",
+        )
+
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        torch.manual_seed(seed)
+        # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing`; harmless, and not ours to fix
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = get_peft_model(base, lora(), adapter_name=names[0])
+        for name in names[1:]:
+            model.add_adapter(name, lora())
+    return model.eval()
+
+
+__all__ = ["DTYPES", "TINY", "load_base", "load_tokenizer", "with_adapters"]
