@@ -435,18 +435,20 @@ def acceptance_checks(cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]])
     if "teamtr" in alpha and "naive" in alpha:
         a_n, a_t = alpha["naive"]["alpha_b"], alpha["teamtr"]["alpha_b"]
         ratio = alpha["naive"][f"ratio_b_vs_teamtr_at_n{n_max}"]
-        drift_ok = cfg.seeds >= 8 and cfg.order == "fixed"  # the issue's drift criteria: fixed order, ≥ 8 seeds
+        # the issue's drift criteria: fixed order, ≥ 8 seeds, a warm-started (reliable, pass ≥ 0.8) chain, and
+        # enough chain lengths to fit α (research/telephone-chain.md §1: the claim needs reliable agents)
+        drift_ok = cfg.seeds >= 8 and cfg.order == "fixed" and cfg.warm_pass >= 0.8 and len(set(cfg.ns)) >= 3
 
         def decide(ok: bool) -> bool | None:
             return ok if drift_ok else None
 
-        add("α (b) naive", a_n, decide(a_n >= 1.6), "≥ 1.6 (≥ 8 seeds)")
-        add("α (b) teamtr", a_t, decide(a_t <= 1.5), "≤ 1.5 (≥ 8 seeds)")
-        add("α (b) gap naive − teamtr", a_n - a_t, decide(a_n - a_t >= 0.5), "≥ 0.5 (≥ 8 seeds)")
+        add("α (b) naive", a_n, decide(a_n >= 1.6), "≥ 1.6 (†)")
+        add("α (b) teamtr", a_t, decide(a_t <= 1.5), "≤ 1.5 (†)")
+        add("α (b) gap naive − teamtr", a_n - a_t, decide(a_n - a_t >= 0.5), "≥ 0.5 (†)")
         add(f"drift (b) naive / teamtr at n = {n_max}", ratio, decide(ratio >= 2.0) if n_max == 8 else None,
-            "≥ 2 at n = 8")  # fmt: skip
+            "≥ 2 at n = 8 (†)")  # fmt: skip
         a_d = alpha["teamtr"]["alpha_d"]
-        add("α (d) teamtr (own-step measure)", a_d, decide(0.8 <= a_d <= 1.2), "∈ [0.8, 1.2] (≥ 8 seeds)")
+        add("α (d) teamtr (own-step measure)", a_d, decide(0.8 <= a_d <= 1.2), "∈ [0.8, 1.2] (†)")
     final = {(r["n"], r["scheme"]): r for r in tables["final"] if r["accounting"] == "equal_stages"}
     success_ok = cfg.delta <= 0.03 and cfg.seeds >= 12  # the issue's success criteria: δ ≤ 0.03, ≥ 12 seeds
     for scheme, bar in (("naive", 0.0), ("joint", -0.03)):
@@ -549,7 +551,15 @@ def summary_markdown(
             f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({_cell(share * 100, 1)}%) | "
             f"{r['kl_over']} | {_cell(r['kl_max_ratio'], 3)} |"
         )
-    lines += ["", "## Acceptance criteria (issue 4) on this run", "", "| criterion | need | measured | holds |"]
+    lines += [
+        "",
+        "## Acceptance criteria (issue 4) on this run",
+        "",
+        "n/a: this run's config cannot decide the criterion. (†) drift criteria: fixed order, ≥ 8 seeds, a warm-started "
+        "chain (warm pass ≥ 0.8) and ≥ 3 chain lengths.",
+        "",
+        "| criterion | need | measured | holds |",
+    ]
     lines += ["|---|---|---|---|"] + [
         f"| {c['criterion']} | {c['need']} | {c['value']} | {c['ok']} |" for c in tables["checks"]
     ]

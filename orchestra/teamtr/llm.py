@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -589,7 +590,9 @@ class LLMTeam:
         out: dict[str, Path] = {}
         for i, name in enumerate(self.cfg.workers):
             target = Path(folder) / name
-            self.model_of(i).save_pretrained(str(target), selected_adapters=[name])
+            with warnings.catch_warnings():  # a GGUF folder has no config.json; the vocabulary is not modified
+                warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+                self.model_of(i).save_pretrained(str(target), selected_adapters=[name])
             nested = target / name  # peft writes a non-"default" adapter into a sub-folder named after it
             if nested.is_dir():
                 for f in nested.iterdir():
