@@ -176,7 +176,8 @@ class ChainTeam:
                     self.models.append(_wrap(_build_base(cfg, cfg.base_config(i)), cfg, [name]))
         for model in self.models:
             model.to(cfg.device).eval()
-        self.hidden_cache: dict[int, Tensor] = {}  # head-only LoRA: frozen final hidden states per base (V, d)
+        # head-only LoRA: frozen final hidden states per base (V, d); clear it after writing base weights in place
+        self.hidden_cache: dict[int, Tensor] = {}
         self._base_params: dict[int, list[torch.nn.Parameter]] = {}  # per base: its non-LoRA parameters
         self._adapter_params: dict[int, dict[str, torch.nn.Parameter]] = {}  # per agent: its LoRA parameters
 
