@@ -6,7 +6,7 @@ Re-exported lazily (PEP 562), so that importing the pure layer imports neither t
 telephone-chain testbed (:mod:`~orchestra.teamtr.chain`), the trainer (:mod:`~orchestra.teamtr.trainer`), the
 chain as a trainable team (:mod:`~orchestra.teamtr.team`), checkpoints (:mod:`~orchestra.teamtr.checkpoint`), the
 benchmark (:mod:`~orchestra.teamtr.bench`), Stage-0 alignment (:mod:`~orchestra.teamtr.align`, generic, and
-:mod:`~orchestra.teamtr.align_chain`) and the real-LLM team (:mod:`~orchestra.teamtr.llm`).
+:mod:`~orchestra.teamtr.align_chain`, :mod:`~orchestra.teamtr.align_llm`) and the real-LLM team (:mod:`~orchestra.teamtr.llm`).
 """
 
 from __future__ import annotations
@@ -111,6 +111,7 @@ _LAZY_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "orchestra.teamtr.align_chain": ("ChainSwapConfig", "build_chain_newcomer", "chain_swap_shock"),
     "orchestra.teamtr.llm": ("LLMRollout", "LLMTeam", "LLMTeamConfig", "LLMTeamError", "Turn"),
+    "orchestra.teamtr.align_llm": ("LLMProbes", "LLMSwapConfig", "LLMWorkerPolicy", "llm_swap_shock"),
 }
 _LAZY: dict[str, str] = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 

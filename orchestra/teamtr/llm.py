@@ -483,7 +483,7 @@ class LLMTeam:
         model.train()
         return model
 
-    def _turn_logits(self, agent: int, turns: Sequence[Turn]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def turn_logits(self, agent: int, turns: Sequence[Turn]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """Per chunk of ``forward_batch_size`` turns: (logits (N, R, V) of z / temperature, targets (N, R), valid
         (N, R)). Sequences prompt+sampled are LEFT-padded (positions = cumsum(mask) − 1, as in decoding), so every
         turn's sampled ids end at the last column; the last R + 1 positions' logits predict them (shift by one):
@@ -533,7 +533,7 @@ class LLMTeam:
         if not turns:
             return flat.view(b_size, width)
         values = []
-        for logits, tgt, valid in self._turn_logits(agent, turns):
+        for logits, tgt, valid in self.turn_logits(agent, turns):
             logp = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N, R)
             values.append(logp[valid])
         return flat.index_put((self._positions(turns, width),), torch.cat(values)).view(b_size, width)
@@ -546,14 +546,14 @@ class LLMTeam:
         self._select(agent)
         b_size, width = batch.batch_size, batch.width
         turns = [t for t in batch.turns_of(agent) if t.token_ids]
-        chunks = [logits[valid] for logits, _, valid in self._turn_logits(agent, turns)]  # (M, V) each
-        vocab = chunks[0].shape[-1] if chunks else self._vocab(agent)
+        chunks = [logits[valid] for logits, _, valid in self.turn_logits(agent, turns)]  # (M, V) each
+        vocab = chunks[0].shape[-1] if chunks else self.vocab_size_of(agent)
         flat = torch.zeros(b_size * width, vocab, device=self.device) + self._anchor(agent)
         if chunks:
             flat = flat.index_put((self._positions(turns, width),), torch.cat(chunks))
         return flat.view(b_size, width, vocab)
 
-    def _vocab(self, agent: int) -> int:
+    def vocab_size_of(self, agent: int) -> int:
         return int(self.model_of(agent).get_output_embeddings().weight.shape[0])
 
     # -- parameters -----------------------------------------------------------------------------------------------
