@@ -32,36 +32,8 @@ from orchestra.teamtr.llm_models import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Copied from tests/test_teamtr_llm.py (the duo team): two LLM workers and a tool on the arithmetic family.
-DUO_YAML = """\
-name: duo
-family: arithmetic
-max_turns: 4
-embedder: hash
-backends:
-  smollm2: {type: llamacpp, model: smollm2}
-instructions:
-  solve: "Solve this problem. Finish with a line 'Answer: <number>'."
-  check: "Check the latest answer."
-  revise: "Redo the calculation. Finish with a line 'Answer: <number>'."
-workers:
-  - {name: solver, kind: llm, backend: smollm2, instructions: [solve, revise], sees: all,
-     generation: {max_tokens: 8, temperature: 0.0, stop: ["\\n\\n\\n"]}}
-  - {name: calculator, kind: tool, tool: calculator, instructions: [check], answer_verdicts: [pass, fail]}
-  - {name: critic, kind: llm, backend: smollm2, instructions: [check], proposes_answer: false,
-     generation: {max_tokens: 8, temperature: 0.0}}
-conductors:
-  pipeline: {steps: ["solver:solve", "calculator:check", "critic:check", "solver:revise"]}
-"""
 INSTRUCTIONS = {"solve": "Solve this problem.", "revise": "Redo the calculation."}
 OUT_FILES = ("config.json", "report.json", "report.md", "metrics.csv", "metrics.jsonl", "kl_curve.png")
-
-
-@pytest.fixture(scope="module")
-def duo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("team") / "duo.yaml"
-    path.write_text(DUO_YAML, encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

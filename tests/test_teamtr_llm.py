@@ -20,28 +20,6 @@ from orchestra.teamtr.trainer import AgentState, UpdateInputs, compute_advantage
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Two LLM workers and a tool on the arithmetic family. Unlike the built-in team, the critic may speak before a
-# candidate answer exists: a random tiny model never writes one, and every test batch must hold both workers' turns.
-DUO_YAML = """\
-name: duo
-family: arithmetic
-max_turns: 4
-embedder: hash
-backends:
-  smollm2: {type: llamacpp, model: smollm2}
-instructions:
-  solve: "Solve this problem. Finish with a line 'Answer: <number>'."
-  check: "Check the latest answer."
-  revise: "Redo the calculation. Finish with a line 'Answer: <number>'."
-workers:
-  - {name: solver, kind: llm, backend: smollm2, instructions: [solve, revise], sees: all,
-     generation: {max_tokens: 8, temperature: 0.0, stop: ["\\n\\n\\n"]}}
-  - {name: calculator, kind: tool, tool: calculator, instructions: [check], answer_verdicts: [pass, fail]}
-  - {name: critic, kind: llm, backend: smollm2, instructions: [check], proposes_answer: false,
-     generation: {max_tokens: 8, temperature: 0.0}}
-conductors:
-  pipeline: {steps: ["solver:solve", "calculator:check", "critic:check", "solver:revise"]}
-"""
 
 UPDATE_KEYS = (
     "rollout/episodes",
@@ -75,13 +53,6 @@ AGENT_KEYS = (
     "num_tokens",
 )
 RUN_FILES = ("config.json", "updates.csv", "updates.jsonl", "stages.csv", "stages.jsonl", "checkpoints")
-
-
-@pytest.fixture(scope="module")
-def duo_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("team") / "duo.yaml"
-    path.write_text(DUO_YAML, encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,8 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
+
 Matrix = npt.NDArray[np.float64]
 TrainIndex = Sequence[int] | Literal["fresh", "stale"]
 
@@ -237,24 +239,15 @@ class ChainTeam:
 
     def base_parameters(self) -> dict[str, Tensor]:
         """Every non-LoRA parameter of every base, by name (prefixed ``base{j}.`` with separate bases)."""
-        out: dict[str, Tensor] = {}
-        for j, model in enumerate(self.models):
-            prefix = "" if self.cfg.shared_base else f"base{j}."
-            out.update({prefix + k: p for k, p in model.named_parameters() if "lora_" not in k})
-        return out
+        return base_parameters_of(list(self.models), self.cfg.shared_base)
 
     def adapter_state(self, agent: int) -> dict[str, Tensor]:
         """Detached copies of ``agent``'s LoRA parameters (a snapshot to revert to, e.g. trust-region backtracking)."""
-        return {k: p.detach().clone() for k, p in self.adapter_parameters(agent).items()}
+        return snapshot(self.adapter_parameters(agent))
 
     def load_adapter_state(self, agent: int, state: dict[str, Tensor]) -> None:
         """Copy a snapshot from :meth:`adapter_state` back into ``agent``'s LoRA parameters, in place."""
-        params = self.adapter_parameters(agent)
-        if params.keys() != state.keys():
-            raise KeyError(f"adapter state of agent {agent} does not match its parameters")
-        with torch.no_grad():
-            for k, p in params.items():
-                p.copy_(state[k])
+        load_snapshot(self.adapter_parameters(agent), state, f"agent {agent}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

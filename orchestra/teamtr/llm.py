@@ -62,6 +62,7 @@ from orchestra.conductors import conductor_factory, split_spec
 from orchestra.rollout import EpisodeJob, RolloutEngine, episode_seed
 from orchestra.team import TeamSpec, load_team
 from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, with_adapters
+from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
 from orchestra.workers import Worker
 from trajectories import Episode
 
@@ -566,23 +567,14 @@ class LLMTeam:
         return {k: p for k, p in self.model_of(agent).named_parameters() if f".{name}." in k}
 
     def state(self, agent: int) -> dict[str, Tensor]:
-        return {k: p.detach().clone() for k, p in self.named_parameters(agent).items()}
+        return snapshot(self.named_parameters(agent))
 
     def load_state(self, agent: int, state: dict[str, Tensor]) -> None:
-        params = self.named_parameters(agent)
-        if params.keys() != state.keys():
-            raise KeyError(f"adapter state of {self.cfg.workers[agent]!r} does not match its parameters")
-        with torch.no_grad():
-            for k, p in params.items():
-                p.copy_(state[k])
+        load_snapshot(self.named_parameters(agent), state, repr(self.cfg.workers[agent]))
 
     def base_parameters(self) -> dict[str, Tensor]:
         """Every non-LoRA parameter of every base by name (prefixed ``base{j}.`` with separate bases)."""
-        out: dict[str, Tensor] = {}
-        for j, model in enumerate(self.models):
-            prefix = "" if self.cfg.shared_base else f"base{j}."
-            out.update({prefix + k: p for k, p in model.named_parameters() if "lora_" not in k})
-        return out
+        return base_parameters_of(self.models, self.cfg.shared_base)
 
     def save_adapters(self, folder: str | Path) -> dict[str, Path]:
         """Write every agent's adapter as a peft folder ``folder/{worker}/`` (loadable by a team file's transformers

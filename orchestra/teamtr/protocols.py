@@ -91,3 +91,30 @@ class ConfiguredTeam(Protocol):
 
     @property
     def config(self) -> Any: ...  # a (frozen) dataclass instance, e.g. ChainConfig
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# parameter snapshots, shared by the teams (chain, LLM)
+
+
+def snapshot(params: dict[str, torch.nn.Parameter]) -> dict[str, Tensor]:
+    """Detached copies of named parameters (a state to revert to, e.g. trust-region backtracking)."""
+    return {k: p.detach().clone() for k, p in params.items()}
+
+
+def load_snapshot(params: dict[str, torch.nn.Parameter], state: dict[str, Tensor], who: str) -> None:
+    """Copy a :func:`snapshot` back into ``params``, in place; ``KeyError`` naming ``who`` if the names differ."""
+    if params.keys() != state.keys():
+        raise KeyError(f"adapter state of {who} does not match its parameters")
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(state[k])
+
+
+def base_parameters_of(models: list[Any], shared_base: bool) -> dict[str, Tensor]:
+    """Every non-LoRA parameter of every model by name (prefixed ``base{j}.`` when each agent has its own base)."""
+    out: dict[str, Tensor] = {}
+    for j, model in enumerate(models):
+        prefix = "" if shared_base else f"base{j}."
+        out.update({prefix + k: p for k, p in model.named_parameters() if "lora_" not in k})
+    return out
