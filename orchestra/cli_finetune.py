@@ -274,6 +274,17 @@ STAGE_COLUMNS = {
 }
 
 
+def _update_line(row: Mapping[str, float], names: tuple[str, ...]) -> str:
+    """One update's metrics on one line (the worker, or every worker for a joint update)."""
+    agent = int(row["rollout/agent"])
+    who = names[agent] if agent >= 0 else "+".join(names)
+    return f"  stage {int(row['rollout/stage'])} {who:>12}: {_fmt(row, UPDATE_COLUMNS)}"
+
+
+def _stage_line(row: Mapping[str, float]) -> str:
+    return f"  stage {int(row['rollout/stage'])}: {_fmt(row, STAGE_COLUMNS)}"
+
+
 def _cmd_finetune(a: argparse.Namespace) -> int:
     from orchestra.teamtr.checkpoint import CheckpointError
     from orchestra.teamtr.trainer import TrainHooks, train
@@ -302,20 +313,22 @@ def _cmd_finetune(a: argparse.Namespace) -> int:
         def before(stage: int, agents: tuple[int, ...], _batch: Any) -> None:
             say(f"stage {stage}: updating {', '.join(team.agent_names[i] for i in agents)}")
 
-        log = train(team, trainer_cfg, hooks=TrainHooks(before_update=before), out_dir=out, resume=a.resume)
+        hooks = TrainHooks(
+            before_update=before,
+            on_update=lambda row: say(_update_line(row, team.agent_names)),
+            on_stage=lambda row: say(_stage_line(row)),
+        )
+        log = train(team, trainer_cfg, hooks=hooks, out_dir=out, resume=a.resume)
         adapters = team.save_adapters(out / "adapters")
     except (ValueError, CheckpointError) as e:  # LLMTeamError, ConfigMismatchError, a damaged checkpoint…
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = team.agent_names
     print("per-update metrics:")
     for row in log.updates:
-        agent = int(row["rollout/agent"])
-        who = names[agent] if agent >= 0 else "+".join(names)
-        print(f"  stage {int(row['rollout/stage'])} {who:>12}: {_fmt(row, UPDATE_COLUMNS)}")
+        print(_update_line(row, team.agent_names))
     print("per-stage metrics:")
     for row in log.stages:
-        print(f"  stage {int(row['rollout/stage'])}: {_fmt(row, STAGE_COLUMNS)}")
+        print(_stage_line(row))
     bad = [k for row in log.updates for k, v in row.items() if not math.isfinite(v)]
     if bad:
         print(f"warning: non-finite metrics: {sorted(set(bad))}", file=sys.stderr)

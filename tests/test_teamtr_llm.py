@@ -375,6 +375,9 @@ def test_cli_finetune_tiny_run(tmp_path: Path, duo_file: Path, capsys: pytest.Ca
     assert all((tmp_path / f).exists() for f in RUN_FILES)
     for name in ("solver", "critic"):
         assert (tmp_path / "adapters" / name / "adapter_config.json").is_file()
+    assert main([*args, "--out", str(tmp_path / "live")]) == 0  # without --quiet: live lines, then the tables
+    live = capsys.readouterr().out
+    assert live.count("  stage 0       solver:") == 2 and live.count("  stage 0: ") == 2
     assert main([*args, "--quiet"]) == 2  # the run exists: --resume or a new --out
     assert "--resume" in capsys.readouterr().err
 

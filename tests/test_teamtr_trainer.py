@@ -201,7 +201,10 @@ def test_teamtr_raises_exact_team_success() -> None:
     cfg = TeamTRConfig(
         scheme="teamtr", num_stages=3, batch_size=256, num_epochs=4, num_minibatches=2, lr=1e-2, delta=0.02, seed=0
     )
-    log = train(team, cfg)
+    seen: dict[str, list[dict[str, float]]] = {"updates": [], "stages": []}
+    hooks = TrainHooks(on_update=seen["updates"].append, on_stage=seen["stages"].append)
+    log = train(team, cfg, hooks=hooks)
+    assert seen == {"updates": log.updates, "stages": log.stages}  # live metrics: every record, in order
     j_end = team_success(team.team)
     assert j_end > j0 + 0.1, (j0, j_end)
     assert log.stages[0]["perf/team_success_start"] == pytest.approx(j0)

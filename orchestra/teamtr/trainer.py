@@ -440,6 +440,8 @@ class TrainHooks:
 
     before_update: UpdateHook | None = None  # called after the batch is chosen, before any parameter moves
     after_update: UpdateHook | None = None  # called after the update's last parameter change
+    on_update: Callable[[Metrics], None] | None = None  # each update's metrics record, as soon as it is logged
+    on_stage: Callable[[Metrics], None] | None = None  # each stage's metrics record, as soon as it is logged
 
 
 @dataclass
@@ -573,6 +575,8 @@ def train(
                 }
             )
             update_index += 1
+            if hooks.on_update is not None:
+                hooks.on_update(log.updates[-1])
         record: Metrics = {
             "rollout/stage": float(stage),
             "rollout/episodes": float(episodes),
@@ -595,6 +599,8 @@ def train(
         record["perf/stage_seconds"] = time.perf_counter() - t_stage
         record["perf/wall_seconds"] = time.perf_counter() - t_start
         log.stages.append(record)
+        if hooks.on_stage is not None:
+            hooks.on_stage(record)
         if run is not None:
             counters = {
                 "update_index": update_index,
