@@ -16,9 +16,9 @@ incumbent's own sampled tokens, teacher forced. π = softmax(z / temperature), t
 
 Team success J before the swap / after a direct (unaligned) swap / after the aligned swap is the team's held-out
 success :meth:`LLMTeam.exact_success` (``eval_tasks`` TEST-split tasks, fixed seeds, greedy by default) with worker
-i served by the incumbent, the unaligned newcomer and the aligned newcomer. Swapping is done by :func:`serving`: the
-team's worker entries (``LLMTeam.workers`` / ``eval_workers``, read by reference by its rollout engines) are pointed
-at the newcomer's backend for the duration of a ``with`` block and restored afterwards; the team's models are never
+i served by the incumbent, the unaligned newcomer and the aligned newcomer. Swapping is done by
+:meth:`LLMTeam.serving`: the team's worker entries (read by reference by its rollout engines) are pointed at the
+newcomer's backend for the duration of a ``with`` block and restored afterwards; the team's models are never
 modified (checked at the end of :func:`llm_swap_shock`).
 
 The newcomer is a one-worker :class:`LLMTeam` (shared base, adapter named after the worker), so the teacher-forced
@@ -43,8 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -63,7 +62,7 @@ from orchestra.teamtr.align import (
     swap_shock,
 )
 from orchestra.teamtr.config import seeded_generator
-from orchestra.teamtr.llm import AdapterBackend, LLMRollout, LLMTeam, LLMTeamConfig, TinyModelConfig, Turn
+from orchestra.teamtr.llm import LLMRollout, LLMTeam, LLMTeamConfig, TinyModelConfig, Turn
 from orchestra.teamtr.llm_models import TINY, load_tokenizer
 from orchestra.teamtr.protocols import Metrics
 
@@ -465,23 +464,6 @@ def build_llm_newcomer(
     return newcomer
 
 
-@contextmanager
-def serving(team: LLMTeam, agent: int, backend: TransformersBackend, adapter: str | None = None) -> Iterator[None]:
-    """Inside the block, trainable worker ``agent`` of ``team`` is served by ``backend`` (with ``adapter``, default
-    the worker's name) in both the sampling and the held-out engines; every other worker is unchanged. The team's
-    worker entries are restored on exit. (The engines hold the team's worker dicts by reference.)"""
-    name = team.agent_names[agent]
-    saved = {id(d): d[name] for d in (team.workers, team.eval_workers)}
-    served = AdapterBackend(backend, adapter or name, agent, team.recorder)
-    try:
-        for d in (team.workers, team.eval_workers):
-            d[name] = dataclasses.replace(d[name], backend=served)
-        yield
-    finally:
-        for d in (team.workers, team.eval_workers):
-            d[name] = saved[id(d)]
-
-
 def _bytes(probes: LLMProbes, vocab: int) -> int:
     return probes.size * probes.width * vocab * 4
 
@@ -549,7 +531,7 @@ def llm_swap_shock(
         if policy is incumbent:
             j = team.exact_success()
         else:
-            with serving(team, agent, served_backend, newcomer.agent_names[0]):
+            with team.serving(agent, served_backend, newcomer.agent_names[0]):
                 j = team.exact_success()
         assert j is not None
         return float(j)
@@ -616,7 +598,6 @@ __all__ = [
     "load_adapter_folder",
     "newcomer_config",
     "read_adapter_settings",
-    "serving",
     "token_stats",
     "with_adapter_settings",
 ]

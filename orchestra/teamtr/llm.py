@@ -46,6 +46,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -474,6 +475,23 @@ class LLMTeam:
         success = sum(e.success for e in eps) / len(eps)
         self._say(f"  held-out success {success:.1%} on {len(eps)} test tasks")
         return success
+
+    @contextmanager
+    def serving(self, agent: int, backend: TransformersBackend, adapter: str | None = None) -> Iterator[None]:
+        """Inside the block, trainable worker ``agent`` is served by ``backend`` (with ``adapter``, default the
+        worker's name) in both the sampling and the held-out engines, and its turns are still recorded; every other
+        worker is unchanged, and the team's worker entries are restored on exit (Stage 0: a direct or aligned swap).
+        The rollout engines hold ``workers`` / ``eval_workers`` by reference, so the swap reaches them."""
+        name = self.agent_names[agent]
+        saved = [(d, d[name]) for d in (self.workers, self.eval_workers)]
+        served = AdapterBackend(backend, adapter or name, agent, self.recorder)
+        try:
+            for d, worker in saved:
+                d[name] = dataclasses.replace(worker, backend=served)
+            yield
+        finally:
+            for d, worker in saved:
+                d[name] = worker
 
     # -- teacher-forced log-probs -------------------------------------------------------------------------------
     def _select(self, agent: int) -> Any:
