@@ -203,25 +203,31 @@ def _backtrack(
     delta: float,
     cfg: TeamTRConfig,
     estimator: KLEstimator,
-) -> tuple[float, int, str]:
+) -> tuple[float, int, str, Tensor | None]:
     """Enforce D̂ ≤ δ after an optimizer step (spec §2.4 option 1): keep the step, or line-search
     θ_prev + β^j (θ_step − θ_prev), j = 1..max_backtracks, or revert to θ_prev.
 
-    Returns (the KL of the parameters kept, line-search steps tried, ``full`` | ``shortened`` | ``reverted``).
+    Returns (the KL of the parameters kept, line-search steps tried, ``full`` | ``shortened`` | ``reverted``, the
+    batch's log-probs (B, T) at the parameters kept when they were computed on the way (k1 / k3), else None).
     """
+
+    def measure() -> tuple[float, Tensor | None]:
+        logp = None if estimator == "exact" else team.logprobs(agent, batch).detach()
+        return float(_kl(team, agent, batch, inputs, estimator, logp=logp)), logp
+
     with torch.no_grad():
-        kl = float(_kl(team, agent, batch, inputs, estimator))
+        kl, logp = measure()
         if kl <= delta:
-            return kl, 0, "full"
+            return kl, 0, "full", logp
         step = team.state(agent)
         for j in range(1, cfg.max_backtracks + 1):
             coef = cfg.backtrack_coef**j
             team.load_state(agent, {k: torch.lerp(before[k], step[k], coef) for k in before})
-            kl = float(_kl(team, agent, batch, inputs, estimator))
+            kl, logp = measure()
             if kl <= delta:
-                return kl, j, "shortened"
+                return kl, j, "shortened", logp
         team.load_state(agent, before)
-        return kl_before, cfg.max_backtracks, "reverted"
+        return kl_before, cfg.max_backtracks, "reverted", None
 
 
 def _reference_logprobs(team: TrainableTeam[BatchT], agent: int, batch: BatchT, ref_state: dict[str, Tensor]) -> Tensor:
@@ -310,6 +316,7 @@ def update_agents(
     backtracks = dict.fromkeys(agents, 0)
     steps = dict.fromkeys(agents, 0)
     status = dict.fromkeys(agents, "none")
+    final_logp: dict[int, Tensor | None] = dict.fromkeys(agents)  # log-probs at the kept parameters, if measured
     losses: list[float] = []
     b_size = batch.batch_size
     mb_size = b_size // cfg.num_minibatches
@@ -346,7 +353,7 @@ def update_agents(
             if cfg.trust_region != "backtrack":
                 continue
             for i in list(active):
-                kl, tries, outcome = _backtrack(
+                kl, tries, outcome, final_logp[i] = _backtrack(
                     team, i, batch, inputs, befores[i], kl_kept[i], deltas[i], cfg, estimator
                 )
                 kl_kept[i], status[i] = kl, outcome
@@ -370,7 +377,8 @@ def update_agents(
                     tolerance=cfg.kl_penalty_tolerance,
                     factor=cfg.kl_penalty_factor,
                 )
-            new = team.logprobs(i, batch).detach()  # (B, T)
+            cached = final_logp[i]  # the last trust-region check already evaluated the final parameters
+            new = team.logprobs(i, batch).detach() if cached is None else cached  # (B, T)
             logratios[i] = sequence_logratio(new, inputs.old_logprobs[i], batch.mask[i], reduce=cfg.happo_reduce)
             _, surr = ppo_clip_loss(
                 new,
