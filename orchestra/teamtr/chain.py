@@ -27,7 +27,6 @@ faster than the default (the caller's choice; this module never touches process-
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -36,10 +35,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 import torch.nn.functional as F
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from torch import Tensor
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from orchestra.teamtr.lora import multi_adapter_model
 from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
 
 Matrix = npt.NDArray[np.float64]
@@ -133,26 +133,11 @@ def _build_base(cfg: ChainConfig, mcfg: ChainModelConfig) -> LlamaForCausalLM:
     return model
 
 
-def _lora_config(cfg: ChainConfig) -> LoraConfig:
-    return LoraConfig(
-        r=cfg.lora_r,
-        lora_alpha=cfg.lora_alpha,
-        lora_dropout=cfg.lora_dropout,
-        target_modules=list(cfg.lora_targets),
-        bias="none",
-    )
-
-
 def _wrap(base: LlamaForCausalLM, cfg: ChainConfig, adapters: Sequence[str]) -> PeftModel:
-    """peft multi-adapter model: ``get_peft_model`` for the first adapter, ``add_adapter`` for the rest."""
-    with warnings.catch_warnings():
-        # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing`; harmless, and not ours to fix.
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        model = get_peft_model(base, _lora_config(cfg), adapter_name=adapters[0])
-        for name in adapters[1:]:
-            model.add_adapter(name, _lora_config(cfg))
-    assert isinstance(model, PeftModel)
-    return model
+    """peft multi-adapter model with the chain's LoRA settings (:func:`~orchestra.teamtr.lora.multi_adapter_model`)."""
+    return multi_adapter_model(
+        base, adapters, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, targets=cfg.lora_targets
+    )
 
 
 class ChainTeam:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -77,24 +76,13 @@ def load_base(model: str, cfg: LLMTeamConfig, seed: int) -> tuple[Any, Any, str]
 
 def with_adapters(base: Any, cfg: LLMTeamConfig, names: Sequence[str], seed: int) -> Any:
     """One ``PeftModel`` with a LoRA adapter per name (base frozen by peft); adapter init seeded by ``seed``."""
-    from peft import LoraConfig, get_peft_model
+    from orchestra.teamtr.lora import multi_adapter_model
 
-    def lora() -> LoraConfig:
-        return LoraConfig(
-            r=cfg.lora_r,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.lora_targets),
-            bias="none",
-        )
-
-    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+    with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        # peft 0.21 calls transformers' deprecated `is_gradient_checkpointing`; harmless, and not ours to fix
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        model = get_peft_model(base, lora(), adapter_name=names[0])
-        for name in names[1:]:
-            model.add_adapter(name, lora())
+        model = multi_adapter_model(
+            base, names, r=cfg.lora_r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, targets=cfg.lora_targets
+        )
     return model.eval()
 
 
