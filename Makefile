@@ -22,7 +22,9 @@ install: $(STAMP)
 demo: install
 	$(BIN)/orchestra demo --out runs/demo
 
+# the import contracts (pyproject.toml [tool.importlinter]) first: a layering breach fails in a second
 test: install
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -ra
 
 test-fast: install
@@ -32,6 +34,7 @@ lint: install
 	$(BIN)/ruff check orchestra envs policies trajectories tests benchmarks
 	$(BIN)/ruff format --check orchestra envs policies trajectories tests benchmarks
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/python benchmarks/rollout.py

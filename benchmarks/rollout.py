@@ -2,7 +2,7 @@
 
     python benchmarks/rollout.py [--seed 0] [--n-requests 16] [--max-tokens 64]
 
-Prints (DESIGN §7: ratios against a baseline measured in the same run, absolute figures labelled
+Prints (docs/architecture.md §7: ratios against a baseline measured in the same run, absolute figures labelled
 with the machine):
 
 - transformers: one batched ``generate`` of all requests (``max_batch_size`` = n) vs the same

@@ -1,16 +1,16 @@
 """The env's view of a team: workers, instruction vocabulary, turn budget, reward weights.
 
 This is the pure part of a team file (``orchestra/teams/*.yaml``); the LLM side (backends,
-generation parameters) is parsed in ``orchestra.team``. Every knob is declared with a default.
+generation parameters) is parsed in ``orchestra.runtime.team_file``. Every knob is declared with a default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
-# Named reward components (DESIGN §3). Each step reports all of them; the scalar reward is the
+# Named reward components (docs/architecture.md §3). Each step reports all of them; the scalar reward is the
 # weighted sum with ``TeamEnvConfig.reward_weights``.
 #   success    verifier score of the submitted answer in [0, 1], on the submit step only
 #   turn_cost  -1 for each worker turn the conductor spends
@@ -55,6 +55,10 @@ class WorkerSpec:
     prompt_version: str = "v1"  # bump when the role prompt changes; logged in every message
 
 
+Embedder = Literal["minilm", "hash", "none"]  # sentence encoders of the observation (none: no embedding features)
+EMBEDDERS: tuple[str, ...] = get_args(Embedder)
+
+
 @dataclass(frozen=True)
 class TeamEnvConfig:
     """Everything the env needs to run one team on one task family."""
@@ -64,7 +68,7 @@ class TeamEnvConfig:
     instructions: Mapping[str, str]  # instruction name -> text appended to the worker's chat
     max_turns: int = 6  # worker turns before truncation (the turn budget)
     reward_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_REWARD_WEIGHTS))
-    embedder: Literal["minilm", "hash", "none"] = "minilm"  # sentence encoder of the observation
+    embedder: Embedder = "minilm"  # sentence encoder of the observation
     recent_messages: int = 1  # how many latest messages are embedded into the observation
     max_message_chars: int = 2000  # transcript entries are cut to this length in worker chats
     # submit is legal before any candidate answer exists: the conductor may end a hopeless episode

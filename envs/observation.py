@@ -2,7 +2,7 @@
 
 The encoder reads only the structured state (JSON) that the env exposes and the trajectory store
 records, never the env's internals, so offline datasets can be rebuilt with a changed encoder without
-re-recording (DESIGN §4). The task's answer is never part of the state.
+re-recording (docs/architecture.md §4). The task's answer is never part of the state.
 
 Layout (``ObservationEncoder.feature_names()`` gives every name; W workers, K instructions, E = 384):
 

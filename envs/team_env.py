@@ -1,20 +1,32 @@
 """TeamEnv: a PettingZoo AEC env where a conductor schedules workers on a shared transcript.
 
-Agents are ``["conductor", *workers]``. The conductor acts first and after every worker turn. Its
-action is ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits
-the current candidate answer; its observation is ``{"observation": float32 vector, "action_mask": int8}``
-(layout in ``envs.observation``). A worker's observation is the chat it may see (role prompt, the
-conductor's instruction, the task and the visible part of the transcript), as ``{"chat": [...]}``;
-its action is its message text — the env holds no LLM (DESIGN §2): the rollout engine generates the
-text and passes it in.
+====================  =================================================================================================
+Env id                ``orchestra_team_v1`` (:data:`ENV_ID`; ``TeamEnv.metadata["name"]``)
+API                   PettingZoo AEC; ``possible_agents = ["conductor", *workers]``; cooperative, not parallelizable
+Agents                the conductor, then one agent per worker of the team file (LLM workers and tools)
+Conductor action      ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits
+Action mask           ``observe("conductor")["action_mask"]`` (int8): the worker takes the instruction, its
+                      precondition holds (``requires``: a candidate answer / any message), turns are left; submit
+                      needs a candidate (or the team's ``give_up``)
+Conductor observation ``{"observation": float32[D], "action_mask": int8[W * K + 1]}``; the D features (structural, then
+                      sentence embeddings) are laid out in :mod:`envs.observation`
+Worker observation    ``{"chat": [...]}``: role prompt, the conductor's instruction, the task, the part of the transcript
+                      its visibility allows (``sees``: all, own, last, task, or a list of workers)
+Worker action         its message: a str, or ``{"text", "tokens", "verdict"}`` (a tool's pass / fail / n/a)
+Rewards               a named vector per step (:mod:`envs.config`): success (verifier score at submit), turn_cost (−1
+                      per worker turn), token_cost (−tokens / 100), progress (±1 on a tool's pass / fail of the
+                      current candidate), format (−1 for an LLM answer with nothing to extract); every agent receives
+                      the scalar ``TeamEnvConfig.scalarise`` of it, the vector is in ``infos[agent]["reward_vector"]``
+Termination           submit: the verifier scores the candidate (submitting with none, under ``give_up``, is a failure)
+Truncation            the turn budget (``max_turns`` worker turns) is spent and no candidate exists; with a candidate,
+                      submit is then the only legal action
+Version history       v0: first release. v1: instruction preconditions (``requires``) and ``give_up`` change which
+                      actions are legal in the same state (the observation layout and the rewards are unchanged), so
+                      masks recorded under v0 differ
+====================  =================================================================================================
 
-Ends: submitting → ``terminations`` (the verifier scores the candidate; a team with ``give_up`` may
-submit before any candidate exists, which ends the episode as a failure). The turn budget counts
-worker turns: once it is spent, submit is the only legal action if a candidate answer exists, and the
-episode is truncated (``truncations``, nothing submitted) if none does. Rewards are a named vector
-per step (``envs.config``), scalarised by the team's weights; every agent receives the scalar (the
-team is cooperative) and the named vector is in ``infos[agent]["reward_vector"]`` and
-``env.step_reward_vector``.
+The env holds no LLM (docs/architecture.md §2): the rollout engine generates each worker's text and passes it in as
+that worker's action, so one env serves recording, evaluation, online training and TeamTR.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ from envs.spaces import ChatSpace, MessageSpace
 from envs.tasks.base import Split, Task, TaskFamily, Verdict
 
 CONDUCTOR = "conductor"
+ENV_ID = "orchestra_team_v1"  # bump on a change to the spaces, the rewards, the masks or the episode ends (table above)
 
 
 class IllegalActionError(ValueError):
@@ -41,7 +54,7 @@ class IllegalActionError(ValueError):
 
 
 class TeamEnv(AECEnv):
-    metadata = {"name": "orchestra_team_v0", "render_modes": ["human", "ansi"], "is_parallelizable": False}
+    metadata = {"name": ENV_ID, "render_modes": ["human", "ansi"], "is_parallelizable": False}
 
     def __init__(
         self,

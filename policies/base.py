@@ -1,4 +1,4 @@
-"""The conductor contract (DESIGN §3): ``act(obs, action_mask) -> int`` plus a ``name``.
+"""The conductor contract (docs/architecture.md §3): ``act(obs, action_mask) -> int`` plus a ``name``.
 
 Rule-based conductors may read the structured state the env exposes (``infos["conductor"]["state"]``)
 instead of the vector; learned ones read the vector. Every conductor must return a legal action.

@@ -120,6 +120,27 @@ def check_same_layout(
         raise LayoutError(f"{where}: observation layout differs: {detail}")
 
 
+def open_checkpoint(
+    folder: str | Path,
+    config: TeamEnvConfig,
+    encoder: ObservationEncoder,
+    model_file: str,
+    algos: Sequence[str],
+) -> tuple[ConductorMeta, Path]:
+    """(its ``conductor.json``, the weights file) of a checkpoint folder trained for ``algos`` on this team's layout
+    and embedder; :class:`PolicyError` (:class:`LayoutError`) naming the folder and the first difference otherwise."""
+    folder = Path(folder)
+    meta = ConductorMeta.load(folder)
+    if meta.algo not in algos:
+        raise PolicyError(f"{folder / META_FILE}: a {meta.algo!r} checkpoint, expected one of {tuple(algos)}")
+    meta.check_layout(*team_layout(config, encoder), where=str(folder))
+    meta.check_embedder(encoder, where=str(folder))
+    path = folder / model_file
+    if not path.exists():
+        raise PolicyError(f"{folder}: {model_file} missing (an unfinished training run?)")
+    return meta, path
+
+
 def load_conductor(
     path: str | Path,
     config: TeamEnvConfig,
@@ -127,11 +148,10 @@ def load_conductor(
     name: str | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> ConductorPolicy:
-    """Load any learned conductor checkpoint (d3rlpy or MaskablePPO) for this team and encoder."""
+    """Load any learned conductor checkpoint (d3rlpy or MaskablePPO) for this team and encoder (the loader of its
+    algorithm checks the layout: :func:`open_checkpoint`)."""
     folder = Path(path)
     meta = ConductorMeta.load(folder)
-    meta.check_layout(*team_layout(config, encoder), where=str(folder))
-    meta.check_embedder(encoder, where=str(folder))
     if meta.algo == "ppo":
         from policies.online import PPOConductor
 

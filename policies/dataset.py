@@ -1,4 +1,4 @@
-"""Offline datasets for the conductor, built from recorded trajectories (DESIGN §4).
+"""Offline datasets for the conductor, built from recorded trajectories (docs/architecture.md §4).
 
 Every conductor decision of every kept episode becomes one row: the stored structured state is
 re-encoded with the *current* observation encoder (so the encoder can change without re-recording),

@@ -38,7 +38,7 @@ import numpy as np
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
-from policies.checkpoint import ConductorMeta, team_layout
+from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
 
 D3RLPY_ALGOS = ("bc", "fbc", "bcq", "cql")
@@ -203,12 +203,7 @@ class OfflineConductor:
         import d3rlpy
 
         folder = Path(folder)
-        meta = ConductorMeta.load(folder)
-        meta.check_layout(*team_layout(config, encoder), where=str(folder))
-        meta.check_embedder(encoder, where=str(folder))
-        path = folder / MODEL_FILE
-        if not path.exists():
-            raise PolicyError(f"{folder}: {MODEL_FILE} missing (an unfinished training run?)")
+        meta, path = open_checkpoint(folder, config, encoder, MODEL_FILE, D3RLPY_ALGOS)
         try:
             algo = d3rlpy.load_learnable(str(path), device=False)
         except Exception as e:  # d3rlpy raises bare exceptions on a foreign or damaged file

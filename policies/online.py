@@ -1,8 +1,8 @@
 """Online refinement of the conductor: sb3-contrib MaskablePPO, optionally warm-started by behaviour cloning.
 
 ``train_ppo`` runs the CleanRL-shaped loop "collect one rollout → one PPO update → log → checkpoint"
-on any Gymnasium env whose ``action_masks()`` gives the legal actions (``orchestra.conductor_gym``
-is the one this toolkit ships; this module imports no LLM code, DESIGN §2). Before PPO, an optional
+on any Gymnasium env whose ``action_masks()`` gives the legal actions (``orchestra.runtime.conductor_gym``
+is the one this toolkit ships; this module imports no LLM code, docs/architecture.md §2). Before PPO, an optional
 warm start fits the policy network to logged decisions (the BC conductor's data), so online learning
 starts from the offline policy instead of from uniform (the issue's "optionally warm-started from the
 BC policy").
@@ -30,7 +30,7 @@ import torch
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
-from policies.checkpoint import ConductorMeta, team_layout
+from policies.checkpoint import ConductorMeta, open_checkpoint
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_FILE = "model.zip"
@@ -375,15 +375,8 @@ class PPOConductor:
         from sb3_contrib import MaskablePPO
 
         folder = Path(folder)
-        meta = ConductorMeta.load(folder)
-        if meta.algo != "ppo":
-            raise PolicyError(
-                f"{folder}: a {meta.algo!r} checkpoint, not a ppo one (use policies.checkpoint.load_conductor)"
-            )
-        meta.check_layout(*team_layout(config, encoder), where=str(folder))
-        if not (folder / MODEL_FILE).exists():
-            raise PolicyError(f"{folder}: {MODEL_FILE} missing")
-        model = MaskablePPO.load(folder / MODEL_FILE, device="cpu")
+        meta, path = open_checkpoint(folder, config, encoder, MODEL_FILE, ("ppo",))
+        model = MaskablePPO.load(path, device="cpu")
         return cls(model, meta, name=name or f"ppo:{folder.name}")
 
 

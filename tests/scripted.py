@@ -15,10 +15,10 @@ from envs.tasks.base import Task
 from envs.tasks.registry import get_family
 from orchestra.backends.base import Completion, GenerationRequest, Usage
 from orchestra.backends.tools import ToolBackend
-from orchestra.conductors import conductor_factory
-from orchestra.rollout import RolloutEngine, plan_jobs
-from orchestra.team import TeamSpec, load_team
-from orchestra.workers import Worker
+from orchestra.runtime.conductors import conductor_factory
+from orchestra.runtime.rollout import RolloutEngine, plan_jobs
+from orchestra.runtime.team_file import TeamSpec, load_team
+from orchestra.runtime.workers import Worker
 from trajectories import Episode, TrajectoryWriter
 
 

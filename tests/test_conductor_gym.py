@@ -17,9 +17,9 @@ from envs.tasks.base import Task
 from envs.tasks.registry import get_family
 from orchestra.backends.base import Completion, GenerationParams, GenerationRequest, Usage
 from orchestra.backends.tools import ToolBackend
-from orchestra.conductor_gym import ConductorGymEnv, RailViolation, SafetyRails, terminal_approval
-from orchestra.team import TeamSpec, WorkerRuntime
-from orchestra.workers import Worker
+from orchestra.runtime.conductor_gym import ConductorGymEnv, RailViolation, SafetyRails, terminal_approval
+from orchestra.runtime.team_file import TeamSpec, WorkerRuntime
+from orchestra.runtime.workers import Worker
 
 FAMILY = get_family("arithmetic")
 

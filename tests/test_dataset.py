@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from envs.observation import ObservationEncoder
-from orchestra.team import load_team
+from orchestra.runtime.team_file import load_team
 from policies.checkpoint import LayoutError
 from policies.dataset import ConductorDataset, DatasetError, DatasetFilter, build_dataset
 from tests.scripted import arithmetic_team, record_scripted

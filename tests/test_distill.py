@@ -16,7 +16,7 @@ import pytest
 from envs.observation import ObservationEncoder
 from envs.tasks.registry import get_family
 from envs.team_env import CONDUCTOR, TeamEnv
-from orchestra.team import load_team
+from orchestra.runtime.team_file import load_team
 from policies import ConductorPolicy, HeuristicConductor, HeuristicRules, PipelineConductor
 from policies.distill import (
     DistillConfig,

@@ -14,7 +14,7 @@ from envs.config import TeamEnvConfig, WorkerSpec
 from envs.observation import ObservationEncoder, derive_flags
 from envs.tasks.registry import get_family
 from envs.team_env import CONDUCTOR, IllegalActionError, TeamEnv
-from orchestra.team import builtin_teams, load_team
+from orchestra.runtime.team_file import builtin_teams, load_team
 
 TEAMS = builtin_teams()
 
@@ -214,3 +214,14 @@ def test_pettingzoo_api_and_seed_on_a_users_jsonl_family(tmp_path: Path) -> None
     cfg = dataclasses.replace(load_team("arithmetic").env, embedder="hash")
     api_test(TeamEnv(cfg, family), num_cycles=30)
     seed_test(lambda: TeamEnv(cfg, family), num_cycles=20)
+
+
+def test_env_id_is_versioned_and_its_history_is_in_the_spec_table() -> None:
+    import re
+
+    import envs.team_env as team_env
+
+    version = re.fullmatch(r"orchestra_team_v(\d+)", team_env.TeamEnv.metadata["name"])
+    assert version is not None and team_env.ENV_ID == team_env.TeamEnv.metadata["name"]
+    doc = team_env.__doc__ or ""
+    assert f"``{team_env.ENV_ID}``" in doc and f"v{version.group(1)}:" in doc.split("Version history", 1)[1]

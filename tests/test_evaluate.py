@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestra.evaluate import (
+from orchestra.report.evaluation import (
     best_rule_based,
     bootstrap_ci,
     evaluation_report,

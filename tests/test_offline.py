@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from envs.observation import ObservationEncoder
-from orchestra.phase1 import drop_stale_evaluation, model_digest
-from orchestra.team import load_team
+from orchestra.jobs.phase1 import drop_stale_evaluation, model_digest
+from orchestra.runtime.team_file import load_team
 from policies.checkpoint import LayoutError, PolicyError, load_conductor
 from policies.dataset import ConductorDataset, EpisodeInfo, build_dataset
 from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, agreement, fqe_evaluate, train_offline

@@ -17,10 +17,10 @@ import yaml
 from envs.config import TeamEnvConfig, WorkerSpec
 from envs.tasks.base import Split, Task, ToolFn, Verdict
 from orchestra.backends.base import GenerationParams
-from orchestra.conductor_gym import ConductorGymEnv, SafetyRails
-from orchestra.online import FinetuneConfig, finetune_conductor
-from orchestra.rollout import RolloutEngine, plan_jobs
-from orchestra.workers import Worker
+from orchestra.jobs.conductor_ppo import ConductorPPOConfig, train_conductor_ppo
+from orchestra.runtime.conductor_gym import ConductorGymEnv, SafetyRails
+from orchestra.runtime.rollout import RolloutEngine, plan_jobs
+from orchestra.runtime.workers import Worker
 from policies.base import ConductorPolicy
 from policies.checkpoint import ConductorMeta, LayoutError, load_conductor, team_layout
 from policies.dataset import build_dataset
@@ -187,6 +187,16 @@ def test_save_load_round_trip_gives_identical_decisions(trained: tuple[PPOConduc
 
     with pytest.raises(LayoutError, match="action space differs"):
         PPOConductor.load(out / "checkpoint", other, ObservationEncoder(other))
+    # the same layout from another sentence encoder is refused too, by both loaders
+    import json
+    import shutil
+
+    shutil.copytree(out / "checkpoint", tmp_path / "minilm")
+    meta = json.loads((tmp_path / "minilm" / "conductor.json").read_text())
+    (tmp_path / "minilm" / "conductor.json").write_text(json.dumps({**meta, "embedder": "minilm"}))
+    for load in (PPOConductor.load, load_conductor):
+        with pytest.raises(LayoutError, match="trained on 'minilm' sentence embeddings"):
+            load(tmp_path / "minilm", ROUTE_CFG, env.encoder)
 
 
 def test_warm_start_from_a_dataset_raises_agreement(tmp_path: Path) -> None:
@@ -248,7 +258,7 @@ def test_finetune_job_end_to_end(tmp_path: Path) -> None:
             }
         )
     )
-    cfg = FinetuneConfig(
+    cfg = ConductorPPOConfig(
         team=str(team_file),
         timesteps=128,
         n_steps=64,
@@ -261,7 +271,7 @@ def test_finetune_job_end_to_end(tmp_path: Path) -> None:
         use_cache=False,
         progress=False,
     )
-    run = finetune_conductor(cfg, tmp_path / "run")
+    run = train_conductor_ppo(cfg, tmp_path / "run")
     for name in (
         "config.json",
         "ppo_config.json",
@@ -277,7 +287,7 @@ def test_finetune_job_end_to_end(tmp_path: Path) -> None:
     assert summary["warm_start"]["warm_start/decisions"] > 0
     assert json.loads((run / "config.json").read_text())["config"]["allow"] == ["calculator:check", "submit"]
     from envs.observation import ObservationEncoder
-    from orchestra.team import load_team
+    from orchestra.runtime.team_file import load_team
 
     team = load_team(team_file)
     meta = ConductorMeta.load(run / "checkpoint")
@@ -286,7 +296,7 @@ def test_finetune_job_end_to_end(tmp_path: Path) -> None:
     mask = np.array([1, 0, 0], dtype=np.int8)
     assert conductor.act(np.zeros(ObservationEncoder(team.env).size, np.float32), mask) == 0
     with pytest.raises(ValueError, match="not a dataset file"):
-        finetune_conductor(
-            FinetuneConfig(team=str(team_file), warm_start="nonsense", use_cache=False, progress=False),
+        train_conductor_ppo(
+            ConductorPPOConfig(team=str(team_file), warm_start="nonsense", use_cache=False, progress=False),
             tmp_path / "bad",
         )

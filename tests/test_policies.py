@@ -110,7 +110,7 @@ def test_human_conductor_reads_choices_and_rejects_bad_input() -> None:
 
 def test_heuristic_tool_first_then_falls_back_to_the_llm() -> None:
     """Blocksworld's rules: the short planner settles short instances; on N/A the LLM planner goes next."""
-    from orchestra.team import load_team
+    from orchestra.runtime.team_file import load_team
 
     team = load_team("blocksworld")
     cfg = dataclasses.replace(team.env, embedder="none")

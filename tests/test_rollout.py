@@ -9,12 +9,13 @@ import pytest
 import yaml
 
 from envs.tasks.registry import get_family
-from orchestra.conductors import conductor_factory
-from orchestra.llm_conductor import LLMConductor
-from orchestra.rollout import RolloutEngine, episode_metrics, plan_jobs
-from orchestra.runs import RecordConfig, record
-from orchestra.team import load_team
-from orchestra.workers import build_workers
+from orchestra.jobs.record import RecordConfig, record
+from orchestra.runtime.session import RunOptions
+from orchestra.runtime.conductors import conductor_factory
+from orchestra.runtime.llm_conductor import LLMConductor
+from orchestra.runtime.rollout import RolloutEngine, episode_metrics, plan_jobs
+from orchestra.runtime.team_file import load_team
+from orchestra.runtime.workers import build_workers
 from trajectories import TrajectoryWriter, read_trajectories
 
 pytestmark = pytest.mark.slow
@@ -38,10 +39,7 @@ def test_record_with_real_smollm2_workers(tmp_path: Path) -> None:
         team=str(team_file),
         conductor="round_robin",
         episodes=3,
-        seed=1,
-        num_envs=2,
-        cache_path=str(tmp_path / "cache.sqlite"),
-        progress=False,
+        run=RunOptions(seed=1, num_envs=2, cache_path=str(tmp_path / "cache.sqlite"), progress=False),
     )
     res = record(cfg, tmp_path / "a.jsonl")
     report = read_trajectories(res.trajectories, strict=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestra.conductors import CONDUCTOR_NAMES, conductor_factory
-from orchestra.team import TeamFileError, builtin_teams, load_team
+from orchestra.runtime.conductors import CONDUCTOR_NAMES, conductor_factory
+from orchestra.runtime.team_file import TeamFileError, builtin_teams, load_team
 
 
 @pytest.mark.parametrize("name", builtin_teams())

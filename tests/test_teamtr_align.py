@@ -272,7 +272,7 @@ def test_cli_align_chain_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixtur
         (["--delta0", "0"], "delta_0 must be > 0"),
         (["--delta0", "-0.1"], "delta_0 must be > 0"),
         (["--vocab-size", "1"], "vocab_size ≥ 2"),
-        (["--train-stages", "-1"], "--train-stages must be ≥ 0"),
+        (["--train-stages", "-1"], "train_stages must be ≥ 0"),
         (["--newcomer-seed", "0"], "would not be differently initialised"),
     ],
 )
@@ -280,10 +280,10 @@ def test_cli_bad_input_gives_a_clear_error(
     flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from orchestra.cli import main
-    from orchestra.teamtr.bench import derived_seed
+    from orchestra.teamtr.config import derive_seed
 
     if flags[0] == "--newcomer-seed":
-        flags = [flags[0], str(derived_seed(0, 0))]  # the team's own seed at --seed 0
+        flags = [flags[0], str(derive_seed(0, 0, bits=31))]  # the team's own seed at --seed 0
     assert main(["align", "chain", *flags, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err

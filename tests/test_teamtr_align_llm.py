@@ -247,7 +247,7 @@ def test_cli_align_llm_end_to_end(tmp_path: Path, duo_file: Path, fine_tuned: Pa
         (["--worker", "calculator"], "'calculator' .* is a tool"),
         (["--incumbent-adapter", "/no/such/adapter"], "--incumbent-adapter '/no/such/adapter': no such folder"),
         (["--newcomer-adapter", "."], r"--newcomer-adapter '\.' is not a peft adapter folder"),
-        (["--eval-tasks", "0"], "--eval-tasks must be ≥ 1"),
+        (["--eval-tasks", "0"], "team.eval_tasks must be ≥ 1"),
         (["--newcomer", "/no/such/model"], "model '/no/such/model' does not exist"),
     ],
 )

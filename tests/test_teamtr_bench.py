@@ -5,22 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from orchestra.teamtr.bench import (
-    RUN_FIELDS,
-    BenchConfig,
-    chain_config,
-    equal_episode_stage,
-    fit_alpha,
-    regression_fraction,
-    run_bench,
-    run_one,
-    trust_counts,
-)
+from orchestra.teamtr.bench.analysis import equal_episode_stage, fit_alpha, regression_fraction
+from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_config
+from orchestra.teamtr.bench.run import RUN_FIELDS, run_bench, run_one, trust_counts
+from orchestra.teamtr.config import CHAIN_TRAINER
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,9 +64,24 @@ def test_regression_fraction() -> None:
 def test_config_validation_and_stages() -> None:
     with pytest.raises(ValueError):
         BenchConfig(schemes=("nope",))  # type: ignore[arg-type]
-    cfg = BenchConfig(num_stages=5)
+    five = replace(CHAIN_TRAINER, num_stages=5)
+    cfg = BenchConfig(trainer=five)
     assert cfg.stages_for("teamtr", 4) == 5 and cfg.stages_for("naive", 4) == 20
-    assert BenchConfig(num_stages=5, extend_for_episodes=False).stages_for("happo", 4) == 5
+    assert BenchConfig(trainer=five, extend_for_episodes=False).stages_for("happo", 4) == 5
+    with pytest.raises(ValueError, match="order"):
+        BenchConfig(trainer=replace(CHAIN_TRAINER, order="sideways"))  # type: ignore[arg-type]
+
+
+def test_bench_trainer_is_the_chain_trainer_with_the_run_s_scheme_stages_and_seed() -> None:
+    """One source of the trainer's settings: every run's TeamTRConfig is CHAIN_TRAINER but for three fields."""
+    cfg = BenchConfig.demo()
+    for scheme in cfg.schemes:
+        got = trainer_config(cfg, 4, 1, scheme)
+        assert replace(got, scheme=CHAIN_TRAINER.scheme, num_stages=6, seed=CHAIN_TRAINER.seed) == replace(
+            CHAIN_TRAINER, num_stages=6
+        )
+        assert got.scheme == scheme and got.num_stages == cfg.stages_for(scheme, 4)
+    assert len({trainer_config(cfg, 4, s, "teamtr").seed for s in range(4)}) == 4  # seeds differ per run
 
 
 # ----------------------------------------------------------------------------------------------------------------

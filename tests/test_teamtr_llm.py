@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from orchestra.teamtr.config import TeamTRConfig
-from orchestra.teamtr.llm import LLMRollout, LLMTeam, LLMTeamConfig, LLMTeamError, Turn
+from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig, LLMTeamError
+from orchestra.teamtr.llm_rollout import LLMRollout, Turn
 from orchestra.teamtr.trainer import AgentState, UpdateInputs, compute_advantages, team_loss, train, update_agents
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -153,7 +154,7 @@ def _ids(batch: LLMRollout, agent: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# own-token masking (spec §6 claim 3)
+# own-token masking (docs/algorithms.md §6 claim 3)
 
 
 def _pg_grads(team: LLMTeam, agent: int, batch: LLMRollout) -> tuple[list[torch.Tensor], list[Any]]:
@@ -358,7 +359,7 @@ def test_cli_finetune_bad_input(tmp_path: Path, duo_file: Path, capsys: pytest.C
     bad = tmp_path / "bad.yaml"
     bad.write_text("team: {workers: [solver], lora_rank: 4}\n")
     assert main(["finetune", "--config", str(bad), "--out", str(tmp_path / "r")]) == 2
-    assert "unknown field(s) ['lora_rank']" in capsys.readouterr().err
+    assert "team.lora_rank: unknown field of LLMTeamConfig" in capsys.readouterr().err
     assert main(["finetune", "--model", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "r")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

@@ -363,7 +363,7 @@ def test_agentwise_normalisation_gives_mean_0_std_1_per_task_and_agent() -> None
             assert int(sel.sum()) > 5
             assert float(adv[sel].mean()) == pytest.approx(0.0, abs=1e-5)
             assert float(adv[sel].std()) == pytest.approx(1.0, abs=1e-4)
-    # contrast: per-task (global) normalisation leaves the agents' advantage means far from 0 (spec §6 claim 12)
+    # contrast: per-task (global) normalisation leaves the agents' advantage means far from 0 (docs/algorithms.md §6 claim 12)
     global_adv = grpo_advantages(rewards, tasks)
     assert float(global_adv[is_critic].mean()) > 0.5 and float(global_adv[~is_critic].mean()) < -0.5
     # per-agent over the whole batch

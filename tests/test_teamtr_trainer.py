@@ -1,5 +1,5 @@
 """TeamTR trainer (orchestra/teamtr/trainer.py) on the telephone chain (orchestra/teamtr/team.py): the schemes'
-structural facts (telephone-chain.md), the trust region, adapter isolation and a learning check."""
+structural facts (docs/telephone-chain.md), the trust region, adapter isolation and a learning check."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from orchestra.teamtr.chain import LLAMA_LINEAR_MODULES, ChainConfig, ChainTeam, team_success, warm_start
+from orchestra.teamtr.chain_team import ChainRollout, ChainTrainable
 from orchestra.teamtr.losses import kl_exact
-from orchestra.teamtr.team import ChainRollout, ChainTrainable
 from orchestra.teamtr.trainer import Scheme, TeamTRConfig, TrainHooks, TrainLog, train
 
 V = 8
@@ -93,7 +93,7 @@ def test_teamtr_batch_is_sampled_by_the_current_team() -> None:
 
 
 def test_naive_is_order_invariant_and_equals_joint_indep() -> None:
-    """telephone-chain.md structural fact 1: with a cached batch the sequential naive update is a simultaneous one."""
+    """docs/telephone-chain.md structural fact 1: with a cached batch the sequential naive update is a simultaneous one."""
     results = []
     runs: tuple[tuple[Scheme, tuple[int, ...]], ...] = (
         ("naive", (0, 1, 2)),

@@ -1,4 +1,4 @@
-"""Trajectory records: one `Episode` per JSONL line, made of `Step`s (DESIGN.md §4).
+"""Trajectory records: one `Episode` per JSONL line, made of `Step`s (docs/architecture.md §4).
 
 Why validate so hard: these files are the only record of expensive LLM rollouts and the input of
 offline RL. A record that is accepted when written must be readable later, and a record that is
@@ -15,7 +15,7 @@ Validation therefore happens in two places that share one code path:
   the records, so the same invariants hold for what is read back.
 
 Floats: ``observation`` and ``final_observation`` are rounded to 6 decimals when a step is built.
-Observations are float32 vectors of O(1) features (DESIGN.md §3); 6 decimals keeps them to within
+Observations are float32 vectors of O(1) features (docs/architecture.md §3); 6 decimals keeps them to within
 float32 noise while the JSON stays short (``0.1`` instead of ``0.10000000149011612``). Rounding
 happens at construction, so ``from_dict(json.loads(json.dumps(e.to_dict()))) == e`` holds exactly.
 Observations, rewards, returns and scores must be finite (a NaN there is an encoder or reward bug);

@@ -1,4 +1,4 @@
-"""Append-only JSONL trajectory store: one `Episode` per line, fsynced per episode (DESIGN.md §4).
+"""Append-only JSONL trajectory store: one `Episode` per line, fsynced per episode (docs/architecture.md §4).
 
 Why this shape: rollouts are long and get killed (OOM, pre-emption, Ctrl-C). One line per episode,
 written with a single append and fsynced, means a kill loses at most the episode being written, and

@@ -1,4 +1,4 @@
-"""Task families with exact verifiers and deterministic tools (DESIGN §3).
+"""Task families with exact verifiers and deterministic tools (docs/architecture.md §3).
 
 The contract lives in :mod:`envs.tasks.base`; the registry of family names in
 :mod:`envs.tasks.registry` (re-exported here lazily, so importing ``envs.tasks.base`` stays cheap).

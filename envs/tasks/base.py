@@ -1,4 +1,4 @@
-"""The task contract (DESIGN §3): a task, its verifier, a family that generates tasks, tool functions.
+"""The task contract (docs/architecture.md §3): a task, its verifier, a family that generates tasks, tool functions.
 
 A *family* generates tasks procedurally from a seed, with difficulty levels and a deterministic
 train/test split. Every task carries an exact verifier. A family also ships the deterministic *tools*

@@ -81,7 +81,7 @@ def sample_distinct(
 
 
 def is_tool_message(msg: Mapping[str, Any]) -> bool:
-    """Tool messages carry a verdict (``orchestra.workers`` puts it on every tool turn)."""
+    """Tool messages carry a verdict (``orchestra.runtime.workers`` puts it on every tool turn)."""
     return msg.get("verdict") is not None or msg.get("role") == "tool" or msg.get("worker") in TOOL_NAMES
 
 

@@ -1,6 +1,6 @@
 """Robust answer extraction shared by the verifiers and the tools.
 
-A 135M model rarely follows a format exactly (see ``shared/research/smollm2.md``): it writes GSM8K
+A 135M model rarely follows a format exactly (see ``docs/smollm2.md``): it writes GSM8K
 style ``… 4 + 6 = 10 apples. #### 10``, or ``Answer: 10``, or just rambles and ends on a number. The
 rules below are part of every verifier's documented behaviour, so they are deliberately simple and
 ordered from most to least explicit:

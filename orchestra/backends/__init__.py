@@ -1,4 +1,4 @@
-"""LLM and tool backends behind one contract (DESIGN §3): ``generate(requests) -> completions``.
+"""LLM and tool backends behind one contract (docs/architecture.md §3): ``generate(requests) -> completions``.
 
 ``make_backend`` is the one registry team files use::
 

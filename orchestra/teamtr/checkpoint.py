@@ -1,4 +1,4 @@
-"""Run directory of a TeamTR run: resolved config, metrics files and stage checkpoints (DESIGN §6). Torch only.
+"""Run directory of a TeamTR run: resolved config, metrics files and stage checkpoints (docs/architecture.md §6). Torch only.
 
 Layout of ``out_dir`` (written by :func:`orchestra.teamtr.trainer.train`)::
 

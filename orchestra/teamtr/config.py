@@ -1,10 +1,11 @@
-"""The typed config of a TeamTR run (DESIGN §6: every knob declared with a default and a one-line doc) and its small
+"""The typed config of a TeamTR run (docs/architecture.md §6: every knob declared with a default and a one-line doc) and its small
 helpers. Imports torch and numpy only; the loop is :mod:`orchestra.teamtr.trainer`."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args, get_origin, get_type_hints
 
 import numpy as np
 import torch
@@ -18,10 +19,12 @@ KLEstimator = Literal["exact", "k3", "k1"]
 
 @dataclass(frozen=True)
 class TeamTRConfig:
-    """Every knob of a TeamTR run (spec §2.6 for the starting values)."""
+    """Every knob of a TeamTR run (docs/algorithms.md §2.6 for the starting values)."""
 
     scheme: Scheme = "teamtr"  # where each update's data comes from (module docstring)
-    order: Literal["fixed", "random"] = "random"  # agent order per stage: fixed, or a fresh permutation (spec §2.6)
+    order: Literal["fixed", "random"] = (
+        "random"  # agent order per stage: fixed, or a fresh permutation (docs/algorithms.md §2.6)
+    )
     fixed_order: tuple[int, ...] = ()  # the order when order="fixed"; () = 0..n−1
     num_stages: int = 10  # stages; a stage updates every agent once
     batch_size: int = 256  # episodes per sampled batch (teamtr samples one per agent, the others one per stage)
@@ -35,10 +38,16 @@ class TeamTRConfig:
     aggregation: Aggregation = "token-mean"  # loss aggregation (losses.aggregate_loss)
     advantage: Literal["grpo", "batch_mean"] = "grpo"  # normalise per GRPO group, or over the whole batch
     adv_scale: bool = True  # divide by the std (False = Dr. GRPO, mean-centred only)
-    adv_max: float | None = 3.0  # A_max: clip advantages to [−A_max, A_max] (bounded advantages, spec §2.2)
-    trust_region: Literal["backtrack", "penalty", "none"] = "backtrack"  # enforcement (spec §2.4 options 1, 2)
+    adv_max: float | None = (
+        3.0  # A_max: clip advantages to [−A_max, A_max] (bounded advantages, docs/algorithms.md §2.2)
+    )
+    trust_region: Literal["backtrack", "penalty", "none"] = (
+        "backtrack"  # enforcement (docs/algorithms.md §2.4 options 1, 2)
+    )
     delta: float | tuple[float, ...] = 0.01  # per-token KL budget δ_i, one for all or one per agent
-    kl_estimator: Literal["auto", "exact", "k3", "k1"] = "auto"  # D̂_i^tok (spec §2.3); auto = exact if logits
+    kl_estimator: Literal["auto", "exact", "k3", "k1"] = (
+        "auto"  # D̂_i^tok (docs/algorithms.md §2.3); auto = exact if logits
+    )
     backtrack_coef: float = 0.8  # line search θ_prev + β^j (θ_step − θ_prev) (HATRPO backtrack_coeff 0.8)
     max_backtracks: int = 10  # line-search steps before the step is reverted (HATRPO ls_step 10)
     kl_penalty_coef: float = 1.0  # penalty mode: initial β_i of loss += β_i · D̂_i
@@ -47,7 +56,7 @@ class TeamTRConfig:
     ref_kl_coef: float = 0.0  # coefficient of k3 KL(π_θ‖π_ref) to the adapters at train start; 0 = off
     happo_reduce: Literal["sum", "mean"] = "sum"  # HAPPO per-sequence log-ratio: product (sum) or per-token mean
     happo_max_log_factor: float | None = None  # HAPPO: clip the log factor to [−c, c]; None = off (HARL)
-    certificate_c: float = 1.0  # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (spec §2.3)
+    certificate_c: float = 1.0  # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (docs/algorithms.md §2.3)
     evaluate: bool = True  # log the team's exact success per stage when the team offers it
     seed: int = 0  # rollouts, orders and minibatch shuffles
     keep_checkpoints: int = 2  # run directory: stage checkpoints kept (the newest K; ≥ 1)
@@ -57,6 +66,9 @@ class TeamTRConfig:
             raise ValueError(f"unknown scheme {self.scheme!r}; expected one of {SCHEMES}")
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.aggregation!r}")
+        for name, choices in _choice_fields().items():  # every other choice field (order, advantage, …)
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}: expected one of {choices}, got {getattr(self, name)!r}")
         if self.num_stages < 0 or self.batch_size < 1 or self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("need num_stages ≥ 0, batch_size ≥ 1, num_epochs ≥ 1, num_minibatches ≥ 1")
         if self.keep_checkpoints < 1:
@@ -91,7 +103,27 @@ class TeamTRConfig:
 RESUMABLE_FIELDS: frozenset[str] = frozenset({"num_stages", "keep_checkpoints"})
 
 
+@functools.cache
+def _choice_fields() -> dict[str, tuple[object, ...]]:
+    """{field: its allowed values} for TeamTRConfig's Literal fields."""
+    hints = get_type_hints(TeamTRConfig)
+    return {name: get_args(tp) for name, tp in hints.items() if get_origin(tp) is Literal}
+
+
+# The starting points of the two kinds of team, each written once (the field defaults above are the generic ones):
+# the telephone-chain benchmark's trainer, also Stage 0's pre-swap training of the chain (`orchestra align chain`),
+# and the CPU-sized trainer of real LLM workers (`orchestra finetune`).
+CHAIN_TRAINER = TeamTRConfig(order="fixed", num_stages=20, batch_size=128, num_epochs=2, lr=3e-2, delta=0.03)
+LLM_CPU_TRAINER = TeamTRConfig(num_stages=2, batch_size=8, num_epochs=1, num_minibatches=1, lr=1e-4, delta=0.01)
+
+
+def derive_seed(*keys: int, bits: int = 32) -> int:
+    """A ``bits``-bit seed from a tuple of ints, by numpy's SeedSequence: independent streams per (root seed, n, run
+    seed, purpose, …). The one place seeds are derived in phase 2."""
+    state = int(np.random.SeedSequence([k & 0xFFFFFFFF for k in keys]).generate_state(1)[0])
+    return state & ((1 << bits) - 1)
+
+
 def seeded_generator(*keys: int) -> torch.Generator:
     """A CPU generator seeded from a tuple of ints (independent streams per (seed, purpose, stage, …))."""
-    seed = int(np.random.SeedSequence([k & 0xFFFFFFFF for k in keys]).generate_state(1)[0])
-    return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(derive_seed(*keys))

@@ -1,4 +1,4 @@
-"""Credit assignment for agent teams: leave-one-out and Shapley values of a coalition game (spec §5.2).
+"""Credit assignment for agent teams: leave-one-out and Shapley values of a coalition game (docs/algorithms.md §5.2).
 
 A *coalition value* ``value_fn(present) -> float`` gives v(S) for the set S of agents that act with their own
 policies/messages; agents outside S are replaced by a counterfactual default (drop the message, a null "pass"
@@ -9,7 +9,7 @@ rule below sees the same game.
     φ_i = Σ_{S ⊆ N∖{i}} |S|! (n − |S| − 1)! / n! · [v(S ∪ {i}) − v(S)]
         = E_{σ ~ Unif(perms)} [v(Pre_σ(i) ∪ {i}) − v(Pre_σ(i))]               (Shapley 1953)
 
-Source: the design notes ``research/algorithms.md`` §5.2 (Castro, Gómez, Tejada 2009 for permutation sampling).
+Source: the design notes ``docs/algorithms.md`` §5.2 (Castro, Gómez, Tejada 2009 for permutation sampling).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def counterfactual_value(
 
 
 def leave_one_out_credit(value_fn: Callable[[frozenset[A]], float], agents: Sequence[A]) -> dict[A, float]:
-    """Δ_i = v(N) − v(N ∖ {i}): each agent's marginal contribution to the full team (spec §5.2).
+    """Δ_i = v(N) − v(N ∖ {i}): each agent's marginal contribution to the full team (docs/algorithms.md §5.2).
 
     n + 1 evaluations. Equals the Shapley value on additive games; not efficient in general (for v = 1 iff all
     agents act, every agent gets 1 and the sum is n, not v(N) − v(∅) = 1).
@@ -145,7 +145,7 @@ def shapley_monte_carlo(
     antithetic: bool = False,
     cache: bool = True,
 ) -> ShapleyEstimate[A]:
-    """Permutation-sampling Shapley estimate with standard errors (Castro, Gómez, Tejada 2009; spec §5.2).
+    """Permutation-sampling Shapley estimate with standard errors (Castro, Gómez, Tejada 2009; docs/algorithms.md §5.2).
 
     Each of the M permutations σ is walked once, adding one agent at a time (n + 1 evaluations, one marginal per
     agent): φ̂_i = (1/M) Σ_m [v(Pre_σm(i) ∪ {i}) − v(Pre_σm(i))]. Unbiased; Var φ̂_i = Var_σ(Δ_i) / M, so the error

@@ -1,4 +1,4 @@
-"""A team of real LLM workers as a :class:`~orchestra.teamtr.protocols.TrainableTeam` (DESIGN §5, issue 4 part 1).
+"""A team of real LLM workers as a :class:`~orchestra.teamtr.protocols.TrainableTeam` (docs/architecture.md §5, issue 4 part 1).
 
 The SAME trainer (:func:`orchestra.teamtr.trainer.train`) that runs the telephone chain fine-tunes the workers of a
 team file (``orchestra/teams/arithmetic.yaml``…) under a FIXED conductor:
@@ -8,13 +8,13 @@ team file (``orchestra/teams/arithmetic.yaml``…) under a FIXED conductor:
   teams: ``worker_models``). The base is the embedded SmolLM2 GGUF (``from_pretrained(folder, gguf_file=...)``,
   dequantised to ``dtype``) or any model :func:`~orchestra.backends.models.resolve_model` accepts, or ``"tiny"``: a
   random-init Llama with the SmolLM2 tokenizer (unit tests). Base weights are frozen; only the adapters train.
-* **rollouts**: episodes of the team's ``TeamEnv`` through the phase-1 :class:`~orchestra.rollout.RolloutEngine`;
+* **rollouts**: episodes of the team's ``TeamEnv`` through the phase-1 :class:`~orchestra.runtime.rollout.RolloutEngine`;
   trainable workers are served by a :class:`~orchestra.backends.hf.TransformersBackend` with their adapter selected,
   sampling at ``temperature`` > 0 (the team file's greedy generation is overridden for them); tools and frozen LLM
   workers act as usual. A batch of B episodes is B / G tasks of the family's TRAIN split, each run G times with
   different seeds (GRPO groups: ``group_ids`` = task index). All randomness comes from the generator passed to
   :meth:`LLMTeam.sample`, so CPU runs repeat exactly. Reward = the episode's team return (or its success).
-* **exact tokens, per-turn samples** (``research/algorithms.md`` §4.5 layout (a)): every turn of a trainable worker
+* **exact tokens, per-turn samples** (``docs/algorithms.md`` §4.5 layout (a)): every turn of a trainable worker
   is recorded as (episode row, agent, prompt token ids exactly as fed to the model, sampled token ids, behaviour
   log-probs). Nothing is ever re-tokenised: the training forward feeds ``prompt_ids + token_ids`` through the model
   with the agent's adapter active (teacher forcing). Other workers' messages and tool outputs are only context
@@ -54,17 +54,20 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from envs.config import Embedder
 from envs.tasks.base import TaskFamily
 from orchestra.backends import make_backend
-from orchestra.backends.base import Backend, Completion, GenerationParams, GenerationRequest, Usage
+from orchestra.backends.base import Backend, GenerationParams
 from orchestra.backends.hf import TransformersBackend
 from orchestra.backends.models import resolve_model
-from orchestra.conductors import conductor_factory, split_spec
-from orchestra.rollout import EpisodeJob, RolloutEngine, episode_seed
-from orchestra.team import TeamSpec, load_team
+from orchestra.runtime.conductors import conductor_factory, split_spec
+from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, episode_seed
+from orchestra.runtime.session import resolve_family
+from orchestra.runtime.team_file import TeamSpec, load_team
+from orchestra.runtime.workers import Worker
 from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, with_adapters
+from orchestra.teamtr.llm_rollout import AdapterBackend, LLMRollout, Recorder, Turn
 from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
-from orchestra.workers import Worker
 from trajectories import Episode
 
 LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -99,7 +102,7 @@ class LLMTeamConfig:
     difficulty: int | None = None  # one difficulty level of the family (None = mixed)
     conductor: str = "pipeline"  # the FIXED conductor: a rule-based name or LABEL:CHECKPOINT of a phase-1 one
     pipeline: tuple[str, ...] = ()  # override the team file's pipeline steps ("worker:instruction"); () = the file's
-    embedder: str | None = None  # override the team's observation embedder (minilm | hash | none); None = the file's
+    embedder: Embedder | None = None  # override the team's observation embedder; None = the team file's
     workers: tuple[str, ...] = ("solver",)  # trainable LLM workers (one LoRA adapter each), in agent order
     frozen_workers: Literal["base", "team"] = "base"  # other LLM workers: the base, adapters off | the team's backend
     model: str = "smollm2"  # base model: alias, .gguf file, HF folder, or "tiny" (random Llama, tests)
@@ -145,148 +148,8 @@ class LLMTeamConfig:
         return self.worker_models[agent] if self.worker_models else self.model
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# the batch
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn of a trainable worker: what it saw and what it sampled, exactly (token ids, never text)."""
-
-    row: int  # episode row in the batch
-    agent: int  # trainable-worker index
-    prompt_ids: tuple[int, ...]  # the chat-template tokens fed to the model
-    token_ids: tuple[int, ...]  # sampled ids (EOS / stop-string tokens included: they were sampled)
-    logprobs: tuple[float, ...]  # behaviour log π(y_u | s_u) of each sampled id
-    offset: int = 0  # position of the first sampled id in the agent's row of the (B, T) layout
-
-
-@dataclass(frozen=True)
-class LLMRollout:
-    """B episodes in the trainer's layout (``RolloutBatch``); build with :meth:`build`.
-
-    ``behaviour_logprobs``/``mask`` are (n, B, T) on the team's device; ``turns`` hold the exact token ids; row b of
-    every tensor and ``episodes[b]`` is the same episode.
-    """
-
-    turns: tuple[Turn, ...]  # every trainable-worker turn (with offsets)
-    episodes: tuple[Episode, ...]  # (B,) the trajectory records
-    rewards: Tensor  # (B,) float32 episode reward
-    group_ids: Tensor  # (B,) long GRPO group (task index)
-    behaviour_logprobs: Tensor  # (n, B, T) float32, 0 off the mask
-    mask: Tensor  # (n, B, T) bool, agent i's own sampled tokens
-    num_tokens: int  # tokens generated by all workers in these episodes (cost accounting)
-
-    @staticmethod
-    def build(
-        turns: Sequence[Turn],
-        episodes: Sequence[Episode],
-        rewards: Tensor,
-        group_ids: Tensor,
-        n_agents: int,
-        width: int | None = None,
-    ) -> LLMRollout:
-        """Lay ``turns`` (chronological per (row, agent); offsets ignored) out agent-major; T = ``width`` or the
-        longest agent row (≥ 1)."""
-        b_size = len(episodes)
-        used: dict[tuple[int, int], int] = defaultdict(int)
-        placed = []
-        for t in turns:
-            placed.append(dataclasses.replace(t, offset=used[t.agent, t.row]))
-            used[t.agent, t.row] += len(t.token_ids)
-        width = max(max(used.values(), default=0), 1) if width is None else width
-        logp = torch.zeros(n_agents, b_size, width)
-        mask = torch.zeros(n_agents, b_size, width, dtype=torch.bool)
-        for t in placed:
-            end = t.offset + len(t.token_ids)
-            if end > width:
-                raise ValueError(f"turn of agent {t.agent} in row {t.row} ends at {end} > T = {width}")
-            logp[t.agent, t.row, t.offset : end] = torch.tensor(t.logprobs)
-            mask[t.agent, t.row, t.offset : end] = True
-        device = rewards.device
-        return LLMRollout(
-            turns=tuple(placed),
-            episodes=tuple(episodes),
-            rewards=rewards,
-            group_ids=group_ids,
-            behaviour_logprobs=logp.to(device),
-            mask=mask.to(device),
-            num_tokens=sum(e.total_tokens for e in episodes),
-        )
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.rewards.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.mask.shape[-1])
-
-    def turns_of(self, agent: int) -> list[Turn]:
-        return [t for t in self.turns if t.agent == agent]
-
-    def select(self, rows: Tensor) -> LLMRollout:
-        """Episodes ``rows`` (a minibatch), renumbered 0..len(rows)−1, same T (the trainer slices (B, T) inputs)."""
-        keep = [int(r) for r in rows.tolist()]
-        new_row = {r: j for j, r in enumerate(keep)}
-        turns = sorted(
-            (dataclasses.replace(t, row=new_row[t.row]) for t in self.turns if t.row in new_row),
-            key=lambda t: (t.row, t.agent, t.offset),
-        )
-        idx = torch.tensor(keep, dtype=torch.long, device=self.rewards.device)
-        return LLMRollout(
-            turns=tuple(turns),
-            episodes=tuple(self.episodes[r] for r in keep),
-            rewards=self.rewards[idx],
-            group_ids=self.group_ids[idx],
-            behaviour_logprobs=self.behaviour_logprobs[:, idx],
-            mask=self.mask[:, idx],
-            num_tokens=sum(self.episodes[r].total_tokens for r in keep),
-        )
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# recording trainable workers' turns
-
-
-@dataclass
-class _Recorder:
-    """The batch being sampled: task object identity → episode row (each episode gets its own Task copy), and turns."""
-
-    rows: dict[int, int] | None = None  # None: not recording (held-out evaluation)
-    turns: list[Turn] = field(default_factory=list)
-
-
-class AdapterBackend:
-    """A ``Backend`` for one trainable worker: the shared :class:`TransformersBackend` with the worker's adapter,
-    recording each turn's exact prompt ids, sampled ids and behaviour log-probs (``Completion`` carries no prompt)."""
-
-    def __init__(self, hf: TransformersBackend, adapter: str, agent: int, recorder: _Recorder) -> None:
-        self.hf, self.adapter, self.agent, self.recorder = hf, adapter, agent, recorder
-        self.model_id = f"{hf.model_id}+lora:{adapter}"
-
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        prompts = [self.hf.prompt_ids(r.messages) for r in requests]
-        rows = self.hf.generate_ids(prompts, [r.params for r in requests], adapter=self.adapter)
-        out = []
-        for r, prompt, g in zip(requests, prompts, rows, strict=True):
-            if self.recorder.rows is not None:
-                row = self.recorder.rows.get(id(r.context.get("task")))
-                if row is None:
-                    raise RuntimeError(f"{self.model_id}: a request of no episode of the batch being sampled")
-                self.recorder.turns.append(Turn(row, self.agent, tuple(prompt), g.token_ids, g.logprobs))
-            out.append(
-                Completion(
-                    text=g.text or "",
-                    token_ids=g.token_ids,
-                    logprobs=g.logprobs,
-                    finish_reason=g.finish_reason,
-                    usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(g.token_ids)),
-                    model_id=self.model_id,
-                    metadata={"adapter": self.adapter},
-                )
-            )
-        return out
+# the CPU-sized team of `orchestra finetune` (its trainer: orchestra.teamtr.config.LLM_CPU_TRAINER)
+LLM_CPU_TEAM = LLMTeamConfig(max_tokens=48)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -310,7 +173,7 @@ class LLMTeam:
         self._conductor_ref = (label, checkpoint)
         for spec in {cfg.model_of(i) for i in range(len(cfg.workers))} - {TINY}:
             resolve_model(spec)  # a bad model path fails here, before anything loads
-        self.recorder = _Recorder()
+        self.recorder = Recorder()
         t0 = time.perf_counter()
         self.models: list[Any] = []  # one PeftModel (shared base) or one per agent
         self.backends: list[TransformersBackend] = []
@@ -618,8 +481,6 @@ class LLMTeam:
 
 def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
     """The team file (with the config's overrides) and its task family; checks the trainable workers."""
-    from orchestra.runs import resolve_family
-
     overrides: dict[str, Any] = {}
     if cfg.pipeline or cfg.embedder is not None:
         raw = load_team(cfg.team).raw
@@ -654,12 +515,10 @@ def _check_turns(turns: Sequence[Turn], episodes: Sequence[Episode], workers: Se
 
 
 __all__ = [
+    "LLM_CPU_TEAM",
     "LORA_TARGETS",
-    "AdapterBackend",
-    "LLMRollout",
     "LLMTeam",
     "LLMTeamConfig",
     "LLMTeamError",
     "TinyModelConfig",
-    "Turn",
 ]

@@ -1,7 +1,7 @@
-"""What the TeamTR trainer needs from a team: Protocols, not a base class (DESIGN §6). Imports torch only.
+"""What the TeamTR trainer needs from a team: Protocols, not a base class (docs/architecture.md §6). Imports torch only.
 
 :class:`RolloutBatch` is B team episodes in the trainer's agent-major layout, :class:`TrainableTeam` the few methods a
-team provides (the telephone chain's adapter: :mod:`orchestra.teamtr.team`), :class:`ConfiguredTeam` the optional
+team provides (the telephone chain's adapter: :mod:`orchestra.teamtr.chain_team`), :class:`ConfiguredTeam` the optional
 ``config`` a team exposes so that run directories and checkpoints record it.
 """
 
@@ -19,7 +19,7 @@ class RolloutBatch(Protocol):
     """B team episodes as the trainer sees them. ``n`` agents, ``T`` token positions per agent row.
 
     Agent-major tensors: row b of agent i's slices is episode b; ``mask[i]`` selects agent i's OWN sampled tokens
-    (spec §4.5), ``behaviour_logprobs[i]`` are their log-probs under the policy that sampled them.
+    (docs/algorithms.md §4.5), ``behaviour_logprobs[i]`` are their log-probs under the policy that sampled them.
     """
 
     @property

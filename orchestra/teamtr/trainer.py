@@ -1,19 +1,19 @@
-"""TeamTR trainer: per-agent trust-region fine-tuning of a team of LM agents (DESIGN §5; spec = ``research/algorithms.md``).
+"""TeamTR trainer: per-agent trust-region fine-tuning of a team of LM agents (docs/architecture.md §5; spec = ``docs/algorithms.md``).
 
-One loop, five schemes that differ ONLY in where each update's data comes from (spec §2.2, §3):
+One loop, five schemes that differ ONLY in where each update's data comes from (docs/algorithms.md §2.2, §3):
 
 * ``teamtr``: before each agent's update, FRESH rollouts of the current team (earlier agents already updated);
 * ``naive``: one rollout batch per stage, reused (stale) for every agent, in turn;
 * ``joint``: one batch, all agents updated at once on the JOINT ratio Π_i r_i(τ) = exp(Σ_i Σ_u log r_{i,u});
-* ``joint_indep``: one batch, all agents updated at once, each on its own ratio (telephone-chain.md: ≡ naive);
-* ``happo``: the naive stale batch, advantage × the product of the ratios of the agents updated earlier (spec §3).
+* ``joint_indep``: one batch, all agents updated at once, each on its own ratio (docs/telephone-chain.md: ≡ naive);
+* ``happo``: the naive stale batch, advantage × the product of the ratios of the agents updated earlier (docs/algorithms.md §3).
 
 Each update is :func:`update_agents`: PPO-clip epochs on the agent's own tokens (the loss is :func:`team_loss`, one
 hop from the loop) and a per-agent trust region on the per-token KL(π_i^cur ‖ π_i^θ) measured on the update's own
-training batch (spec §2.3, §2.4): backtracking line search (default), an adaptive penalty, or none.
+training batch (docs/algorithms.md §2.3, §2.4): backtracking line search (default), an adaptive penalty, or none.
 
 The trainer is generic over :class:`TrainableTeam` (a Protocol): the telephone chain adapter lives in
-:mod:`orchestra.teamtr.team`; a SmolLM2 team only has to provide the same few methods (:mod:`orchestra.teamtr.protocols`).
+:mod:`orchestra.teamtr.chain_team`; a SmolLM2 team only has to provide the same few methods (:mod:`orchestra.teamtr.protocols`).
 Knobs: :mod:`orchestra.teamtr.config`; run directory, metrics files and resumable checkpoints:
 :mod:`orchestra.teamtr.checkpoint`. This module imports torch (and safetensors, through checkpoint) only.
 """
@@ -45,20 +45,20 @@ from orchestra.teamtr.losses import (
     grpo_advantages,
     happo_factor,
     kl_exact,
-    kl_k1,
     kl_k3,
     masked_mean,
     ppo_clip_loss,
     sequence_logratio,
 )
 from orchestra.teamtr.protocols import BatchT, ConfiguredTeam, Metrics, RolloutBatch, TrainableTeam
+from orchestra.teamtr.trust_region import backtrack, token_kl
 
 # ----------------------------------------------------------------------------------------------------------------
 # advantages and the loss
 
 
 def compute_advantages(batch: RolloutBatch, cfg: TeamTRConfig) -> Tensor:
-    """(B,) sequence advantages from the team return (spec §2.2 step (2)).
+    """(B,) sequence advantages from the team return (docs/algorithms.md §2.2 step (2)).
 
     ``grpo``: (R − mean_g R) / (std_g R + eps) within each group g of ``batch.group_ids``; ``batch_mean``: the same
     with the whole batch as one group (R − mean R, over std if ``adv_scale``). Clipped to [−A_max, A_max].
@@ -98,7 +98,7 @@ def team_loss(
     kl_coefs: dict[int, float],
     kl_estimator: KLEstimator,
 ) -> tuple[Tensor, Metrics]:
-    """THE TeamTR loss of one minibatch for the agents being updated (spec §2.2 step (4), §3, §2.4 option 2).
+    """THE TeamTR loss of one minibatch for the agents being updated (docs/algorithms.md §2.2 step (4), §3, §2.4 option 2).
 
     Per agent i (own tokens u, mask m_i; r_u = π_i^θ/π_i^cur):
         L_i = aggregate_u −min(r_u Â, clip(r_u, 1−ε_lo, 1+ε_hi) Â)        (Â × HAPPO factor M for ``happo``)
@@ -143,34 +143,15 @@ def team_loss(
             metrics.update({f"mb/{i}/{k}": v for k, v in m_i.items()})
     for i in agents:
         if cfg.trust_region == "penalty":
-            kl_i = _kl(team, i, mb, mb_in, kl_estimator, logp=logps[i])  # differentiable D̂_i^tok
+            kl_i = token_kl(
+                team, i, mb, mb_in.old_logprobs[i], mb_in.old_logits.get(i), kl_estimator, logp=logps[i]
+            )  # D̂_i^tok, differentiable
             loss = loss + kl_coefs[i] * kl_i
         if cfg.ref_kl_coef > 0:
-            # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref) (spec §4.3)
+            # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref) (docs/algorithms.md §4.3)
             ref_kl = masked_mean(kl_k3(mb_in.ref_logprobs[i], logps[i]), mb.mask[i])
             loss = loss + cfg.ref_kl_coef * ref_kl
     return loss, metrics
-
-
-def _kl(
-    team: TrainableTeam[BatchT],
-    agent: int,
-    batch: BatchT,
-    inputs: UpdateInputs,
-    estimator: KLEstimator,
-    *,
-    logp: Tensor | None = None,
-) -> Tensor:
-    """D̂_agent^tok(π_cur‖π_θ): per-token KL on the agent's own tokens of ``batch`` (spec §2.3), a scalar tensor.
-
-    The tokens were sampled by π_cur, so k1 / k3 take logq = old, logp = new; exact sums over the vocabulary.
-    """
-    mask = batch.mask[agent]
-    if estimator == "exact":
-        return kl_exact(team.logits(agent, batch), inputs.old_logits[agent], mask)
-    new = team.logprobs(agent, batch) if logp is None else logp
-    old = inputs.old_logprobs[agent]
-    return masked_mean(kl_k3(new, old) if estimator == "k3" else kl_k1(new, old), mask)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -191,43 +172,6 @@ def _make_trainable(team: TrainableTeam[Any], agents: Sequence[int]) -> None:
     for i in agents:
         for p in team.parameters(i):
             p.requires_grad_(True)
-
-
-def _backtrack(
-    team: TrainableTeam[BatchT],
-    agent: int,
-    batch: BatchT,
-    inputs: UpdateInputs,
-    before: dict[str, Tensor],
-    kl_before: float,
-    delta: float,
-    cfg: TeamTRConfig,
-    estimator: KLEstimator,
-) -> tuple[float, int, str, Tensor | None]:
-    """Enforce D̂ ≤ δ after an optimizer step (spec §2.4 option 1): keep the step, or line-search
-    θ_prev + β^j (θ_step − θ_prev), j = 1..max_backtracks, or revert to θ_prev.
-
-    Returns (the KL of the parameters kept, line-search steps tried, ``full`` | ``shortened`` | ``reverted``, the
-    batch's log-probs (B, T) at the parameters kept when they were computed on the way (k1 / k3), else None).
-    """
-
-    def measure() -> tuple[float, Tensor | None]:
-        logp = None if estimator == "exact" else team.logprobs(agent, batch).detach()
-        return float(_kl(team, agent, batch, inputs, estimator, logp=logp)), logp
-
-    with torch.no_grad():
-        kl, logp = measure()
-        if kl <= delta:
-            return kl, 0, "full", logp
-        step = team.state(agent)
-        for j in range(1, cfg.max_backtracks + 1):
-            coef = cfg.backtrack_coef**j
-            team.load_state(agent, {k: torch.lerp(before[k], step[k], coef) for k in before})
-            kl, logp = measure()
-            if kl <= delta:
-                return kl, j, "shortened", logp
-        team.load_state(agent, before)
-        return kl_before, cfg.max_backtracks, "reverted", None
 
 
 def _reference_logprobs(team: TrainableTeam[BatchT], agent: int, batch: BatchT, ref_state: dict[str, Tensor]) -> Tensor:
@@ -262,11 +206,11 @@ def update_agents(
     ref_states: dict[int, dict[str, Tensor]] | None = None,
 ) -> tuple[Metrics, dict[int, Tensor]]:
     """Update ``agents`` (one for the sequential schemes) on ``batch``: PPO-clip epochs of :func:`team_loss`,
-    per-agent trust region after every optimizer step (spec §2.2 steps (2)–(5), §2.4).
+    per-agent trust region after every optimizer step (docs/algorithms.md §2.2 steps (2)–(5), §2.4).
 
     Only the listed agents' parameters move. Returns the update's flat metrics (per agent under
     ``agent/{name}/…``, plus their mean / sum without the prefix) and, per agent, the detached per-sequence
-    log-ratio log π_i^new/π_i^cur of its own tokens (B,) — the HAPPO factor of later agents (spec §3).
+    log-ratio log π_i^new/π_i^cur of its own tokens (B,) — the HAPPO factor of later agents (docs/algorithms.md §3).
     """
     names = team.agent_names
     deltas = cfg.deltas(len(names))
@@ -353,9 +297,10 @@ def update_agents(
             if cfg.trust_region != "backtrack":
                 continue
             for i in list(active):
-                kl, tries, outcome, final_logp[i] = _backtrack(
-                    team, i, batch, inputs, befores[i], kl_kept[i], deltas[i], cfg, estimator
-                )
+                kl, tries, outcome, final_logp[i] = backtrack(
+                    team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), befores[i], kl_kept[i],
+                    deltas[i], cfg, estimator,
+                )  # fmt: skip
                 kl_kept[i], status[i] = kl, outcome
                 backtracks[i] += tries
                 if outcome != "full":  # early stop: the budget binds
@@ -363,13 +308,13 @@ def update_agents(
                     if outcome == "reverted":
                         steps[i] -= 1
 
-    # (5) diagnostics at the final parameters, on the whole training batch (spec §2.3)
+    # (5) diagnostics at the final parameters, on the whole training batch (docs/algorithms.md §2.3)
     metrics: Metrics = {}
     logratios: dict[int, Tensor] = {}
     with torch.no_grad():
         for i in agents:
             if cfg.trust_region == "penalty":
-                measured = float(_kl(team, i, batch, inputs, estimator))
+                measured = float(token_kl(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator))
                 states[i].kl_coef = adaptive_kl_coef_ppo(
                     kl_coefs[i],
                     measured,
@@ -468,7 +413,7 @@ def train(
     out_dir: str | Path | None = None,
     resume: bool | str | Path = False,
 ) -> TrainLog:
-    """Run ``cfg.num_stages`` stages of ``cfg.scheme`` on ``team`` (spec §2.2; baselines §2.2 end and §3).
+    """Run ``cfg.num_stages`` stages of ``cfg.scheme`` on ``team`` (docs/algorithms.md §2.2; baselines §2.2 end and §3).
 
     Per stage: an agent order; for each update (one agent, or all at once for the joint schemes) the training
     batch is FRESH (teamtr) or the stage's one batch (the others); HAPPO weights the advantage by the product of

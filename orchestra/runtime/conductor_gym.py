@@ -43,8 +43,9 @@ from envs.config import REWARD_COMPONENTS, TeamEnvConfig
 from envs.observation import ObservationEncoder
 from envs.tasks.base import Split, Task, TaskFamily
 from envs.team_env import CONDUCTOR, IllegalActionError, TeamEnv
-from orchestra.team import TeamSpec
-from orchestra.workers import Worker
+from orchestra.runtime.rollout import turn_seed
+from orchestra.runtime.team_file import TeamSpec
+from orchestra.runtime.workers import Worker
 
 Approval = Callable[[str, Mapping[str, Any]], bool]  # (action label, structured state) -> approved?
 RAIL_COUNTERS = ("rails/denied", "rails/budget_truncations", "rails/filtered", "rails/refused")
@@ -234,7 +235,9 @@ class ConductorGymEnv(gymnasium.Env[np.ndarray, np.int64]):
         env = self.team_env
         worker = self.workers[name]
         assert env.task is not None
-        request = worker.request(env.worker_chat(name), env.task, env.transcript, self._episode_seed + 7919 * env.turn)
+        request = worker.request(
+            env.worker_chat(name), env.task, env.transcript, turn_seed(self._episode_seed, env.turn)
+        )
         (completion,) = worker.backend.generate([request])
         env.step(Worker.env_action(completion))
         for k, v in env.step_reward_vector.items():

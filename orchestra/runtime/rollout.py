@@ -1,10 +1,10 @@
 """The rollout engine: many episodes of one team under one conductor, several envs stepped at once.
 
-Rollout is apart from learning (DESIGN §6). Each loop advances every active env to its next worker
+Rollout is apart from learning (docs/architecture.md §6). Each loop advances every active env to its next worker
 turn (conductor decisions are cheap), then serves all pending worker turns with ONE ``generate`` call
 per backend, so a batching backend (transformers, an HTTP server) sees a batch across envs.
 
-Each finished episode becomes a trajectory record (DESIGN §4) and is handed to the writer at once
+Each finished episode becomes a trajectory record (docs/architecture.md §4) and is handed to the writer at once
 (flush + fsync per episode), so a killed run loses at most the episodes in flight.
 """
 
@@ -23,8 +23,8 @@ from tqdm import tqdm
 from envs.tasks.base import Task, TaskFamily
 from envs.team_env import CONDUCTOR, TeamEnv
 from orchestra.backends.base import Completion
-from orchestra.team import TeamSpec
-from orchestra.workers import Worker
+from orchestra.runtime.team_file import TeamSpec
+from orchestra.runtime.workers import Worker
 from policies.base import ConductorPolicy
 from trajectories import (
     SCHEMA_VERSION,
@@ -51,6 +51,11 @@ def episode_seed(seed: int, index: int) -> int:
     """A stable per-episode seed from the run seed and the episode index."""
     h = hashlib.sha256(f"{seed}:{index}".encode()).digest()
     return int.from_bytes(h[:4], "big")
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of a worker turn: sampled runs repeat exactly, and each turn of an episode draws afresh."""
+    return episode_seed + 7919 * turn
 
 
 def plan_jobs(tasks: Sequence[Task], seed: int, prefix: str) -> list[EpisodeJob]:
@@ -159,7 +164,7 @@ class RolloutEngine:
                 for members in groups.values():
                     requests = [
                         w.request(
-                            s.env.worker_chat(w.name), s.job.task, s.env.transcript, s.job.seed + 7919 * s.env.turn
+                            s.env.worker_chat(w.name), s.job.task, s.env.transcript, turn_seed(s.job.seed, s.env.turn)
                         )
                         for _, s, w in members
                     ]

@@ -18,7 +18,7 @@ from orchestra.backends import make_backend
 from orchestra.backends.base import Backend, Completion, GenerationParams, GenerationRequest, messages_from_dicts
 from orchestra.backends.cache import CachedBackend, ResponseCache
 from orchestra.backends.tools import ToolBackend
-from orchestra.team import TeamSpec
+from orchestra.runtime.team_file import TeamSpec
 
 
 def default_cache_path() -> Path:

@@ -16,6 +16,7 @@ import yaml
 
 from envs.config import (
     DEFAULT_REWARD_WEIGHTS,
+    EMBEDDERS,
     REQUIREMENTS,
     REWARD_COMPONENTS,
     Requirement,
@@ -24,7 +25,7 @@ from envs.config import (
 )
 from orchestra.backends.base import GenerationParams
 
-TEAMS_DIR = Path(__file__).parent / "teams"
+TEAMS_DIR = Path(__file__).parent.parent / "teams"  # orchestra/teams/
 
 
 class TeamFileError(ValueError):
@@ -245,8 +246,8 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
         )
     except ValueError as e:
         raise TeamFileError(f"{where}: {e}") from e
-    if env.embedder not in ("minilm", "hash", "none"):
-        raise top.err("embedder", f"expected minilm, hash or none, got {env.embedder!r}")
+    if env.embedder not in EMBEDDERS:
+        raise top.err("embedder", f"expected one of {', '.join(EMBEDDERS)}, got {env.embedder!r}")
     top.check_unknown()
     return TeamSpec(
         path=path,

@@ -15,10 +15,11 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from envs.observation import ObservationEncoder
-from orchestra.evaluate import (
+from orchestra.jobs.evaluate import EvaluateConfig, evaluate
+from orchestra.jobs.record import RecordConfig, record
+from orchestra.report.evaluation import (
     ResultRow,
     format_collapse_table,
     format_paired_table,
@@ -26,7 +27,7 @@ from orchestra.evaluate import (
     mode_collapse,
     paired_comparison,
 )
-from orchestra.runs import EvaluateConfig, RecordConfig, Session, evaluate, record
+from orchestra.runtime.session import RunOptions, Session
 from policies import RULE_BASED
 from policies.dataset import ConductorDataset, FeatureSet, build_dataset
 from policies.distill import DistillConfig, distill
@@ -57,14 +58,17 @@ class Phase1Config:
     n_steps_per_epoch: int = 500  # steps per metrics row / checkpoint
     fqe_steps: int = 1500  # FQE gradient steps per learned conductor
     distill_depth: int = 4  # depth of the distilled decision tree
-    seed: int = 0  # run seed (tasks, exploration, training)
-    num_envs: int = 8  # envs stepped at once
-    use_cache: bool = True  # response cache for temperature-0 calls
-    cache_path: str | None = None  # default: $ORCHESTRA_CACHE_DIR/responses.sqlite
-    progress: bool = True  # progress bars
+    run: RunOptions = RunOptions()  # seed (tasks, exploration, training), envs, cache, progress
 
-    def run_options(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("seed", "num_envs", "use_cache", "cache_path", "progress")}
+    @classmethod
+    def demo(cls) -> Phase1Config:
+        """``orchestra demo``: phase 1 end to end, sized for about ten minutes on 2 CPU cores."""
+        return cls(train_episodes=16, eval_episodes=12, n_steps=1500, fqe_steps=800)
+
+    @classmethod
+    def reproduce(cls) -> Phase1Config:
+        """The full-scale phase-1 run whose table the README quotes (``orchestra reproduce conductor``)."""
+        return cls(algos=["bc", "fbc", "cql"], train_episodes=32, eval_episodes=50, n_steps=4000, fqe_steps=3000)
 
 
 @dataclass
@@ -93,10 +97,10 @@ def _stage(i: int, n: int, msg: str) -> None:
 def record_stage(cfg: Phase1Config, out: Path) -> dict[str, list[Path]]:
     files: dict[str, list[Path]] = {}
     for team in cfg.teams:
-        session = Session(team, None, cfg.use_cache, cfg.cache_path)
+        session = Session.of(team, None, cfg.run)
         name = session.team.name
         rule = out / "record" / f"{name}-rule.jsonl"
-        rc = RecordConfig(team, ",".join(cfg.record_conductors), cfg.train_episodes, "train", **cfg.run_options())
+        rc = RecordConfig(team, ",".join(cfg.record_conductors), cfg.train_episodes, "train", run=cfg.run)
         record(rc, rule, resume=True, session=session)
         files[name] = [rule]
         if cfg.explore_conductors and cfg.epsilon > 0:
@@ -107,7 +111,7 @@ def record_stage(cfg: Phase1Config, out: Path) -> dict[str, list[Path]]:
                 cfg.train_episodes,
                 "train",
                 epsilon=cfg.epsilon,
-                **cfg.run_options(),
+                run=cfg.run,
             )
             record(rc, explore, resume=True, session=session)
             files[name].append(explore)
@@ -183,7 +187,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 cql_alpha=cfg.cql_alpha,
                 n_critics=cfg.n_critics,
                 features=cfg.features,
-                seed=cfg.seed,
+                seed=cfg.run.seed,
             )
             res = train_offline(ds, oc, out / "models" / team_name / algo)
             learned[team_name][algo] = res.conductor
@@ -197,7 +201,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 c.predict,
                 datasets[team_name],
                 encoders[team_name].legal_mask,
-                FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.seed),
+                FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed),
             )
             fqe[(team_name, algo)] = (r.estimate, r.behaviour_return)
             print(f"  {team_name}/{algo}: FQE {r.estimate:.3f} (logged behaviour {r.behaviour_return:.3f})")
@@ -209,7 +213,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 out / "eval" / "episodes" / f"{team_name}-{algo}.jsonl", out / "models" / team_name / algo
             )
     specs = list(RULE_BASED) + [f"{a}:{out / 'models'}/{{team}}/{a}" for a in cfg.algos]
-    ec = EvaluateConfig(teams=cfg.teams, conductors=specs, episodes=cfg.eval_episodes, **cfg.run_options())
+    ec = EvaluateConfig(teams=tuple(cfg.teams), conductors=tuple(specs), episodes=cfg.eval_episodes, run=cfg.run)
     rows, paths = evaluate(ec, out / "eval")
 
     _stage(5, n, "FQE estimate vs measured return")
@@ -237,7 +241,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 ds.masks,
                 ds.feature_names,
                 ds.action_labels,
-                DistillConfig(max_depth=cfg.distill_depth, seed=cfg.seed),
+                DistillConfig(max_depth=cfg.distill_depth, seed=cfg.run.seed),
                 episode_index=ds.episode_index,
             )
             res_d.save(out / "distill" / team_name / algo)
@@ -252,7 +256,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         "# Phase 1: learned conductors vs rule-based schedulers",
         "",
         f"Held-out tasks per family: {cfg.eval_episodes}; training tasks per source conductor: {cfg.train_episodes}; "
-        f"seed {cfg.seed}." + (f" Produced by `{command}`." if command else ""),
+        f"seed {cfg.run.seed}." + (f" Produced by `{command}`." if command else ""),
         "",
         "## Results (95% bootstrap CIs)",
         "",
@@ -286,16 +290,21 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     return Phase1Result(rows, ope, rules, paths)
 
 
-def demo_config(seed: int = 0) -> Phase1Config:
-    """``orchestra demo``: phase 1 end to end, sized for about ten minutes on 2 CPU cores."""
-    return Phase1Config(train_episodes=16, eval_episodes=12, n_steps=1500, fqe_steps=800, seed=seed)
+@dataclass(frozen=True)
+class ReproduceConfig:
+    """``orchestra reproduce conductor``: phase 1 at the scale the README's Results section quotes."""
+
+    phase1: Phase1Config = field(default_factory=Phase1Config.reproduce)  # the full-scale run
+    out: str = "runs/reproduce-conductor"  # run directory (a rerun continues it)
+    report: str | None = None  # also copy the summary (markdown) here, e.g. docs/results/conductor.md
 
 
-def reproduce_config(seed: int = 0) -> Phase1Config:
-    """The full-scale phase-1 run whose table the README quotes (``orchestra reproduce conductor``)."""
-    return Phase1Config(
-        algos=["bc", "fbc", "cql"], train_episodes=32, eval_episodes=50, n_steps=4000, fqe_steps=3000, seed=seed
-    )
+def reproduce(cfg: ReproduceConfig) -> Phase1Result:
+    res = run_phase1(cfg.phase1, Path(cfg.out), command=f"orchestra reproduce conductor --seed {cfg.phase1.run.seed}")
+    if cfg.report:
+        Path(cfg.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(cfg.report).write_text(res.paths["summary"].read_text(encoding="utf-8"), encoding="utf-8")
+    return res
 
 
 __all__ = [
@@ -304,8 +313,8 @@ __all__ = [
     "model_digest",
     "Phase1Config",
     "Phase1Result",
-    "demo_config",
+    "ReproduceConfig",
+    "reproduce",
     "ope_table_md",
-    "reproduce_config",
     "run_phase1",
 ]

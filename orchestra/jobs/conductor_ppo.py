@@ -1,7 +1,8 @@
-"""``orchestra finetune-conductor``: refine a conductor online with MaskablePPO, inside safety rails.
+"""``orchestra finetune-conductor``: refine a conductor online with MaskablePPO, inside safety rails (phase 1; not to be
+confused with ``orchestra finetune``, which fine-tunes the workers with TeamTR: :mod:`orchestra.jobs.finetune`).
 
 One job = one team on one task family: load the team and its workers (as recording does), wrap them in
-:class:`orchestra.conductor_gym.ConductorGymEnv` with :class:`SafetyRails`, optionally warm-start, and
+:class:`orchestra.runtime.conductor_gym.ConductorGymEnv` with :class:`SafetyRails`, optionally warm-start, and
 run :func:`policies.online.train_ppo`. The run directory holds ``config.json`` (this job's resolved
 config and the team file), ``ppo_config.json``, ``metrics.jsonl``/``metrics.csv``, ``summary.json`` and
 ``checkpoint/`` (``model.zip`` + ``conductor.json``, loadable by ``policies.checkpoint.load_conductor``).
@@ -25,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from envs.config import Embedder
 from envs.observation import ObservationEncoder
 from envs.tasks.base import Split
-from orchestra.conductor_gym import Approval, ConductorGymEnv, SafetyRails, terminal_approval
-from orchestra.conductors import conductor_factory
-from orchestra.runs import Session, _write_config
+from orchestra.jobs.rundir import write_run_config
+from orchestra.runtime.conductor_gym import Approval, ConductorGymEnv, SafetyRails, terminal_approval
+from orchestra.runtime.conductors import conductor_factory
+from orchestra.runtime.session import Session
 from policies import RULE_BASED
 from policies.base import ConductorPolicy
 from policies.checkpoint import META_FILE, ConductorMeta, load_conductor, team_layout
@@ -38,12 +41,12 @@ from policies.online import CHECKPOINT_DIR, PPOConfig, train_ppo
 
 
 @dataclass
-class FinetuneConfig:
+class ConductorPPOConfig:
     """Resolved settings of one online fine-tuning run; written to the run directory."""
 
     team: str  # built-in team name or team file path
     family: str | None = None  # task family (default: the team's)
-    split: str = "train"  # task split the env draws from
+    split: Split = "train"  # task split the env draws from
     difficulty: int | None = None  # one difficulty level, or None to mix them
     seed: int = 0  # seeds the task stream, the workers' sampling and PPO
     timesteps: int = 4096  # conductor decisions to train on
@@ -64,7 +67,7 @@ class FinetuneConfig:
     risky: list[str] = field(default_factory=lambda: ["submit"])  # rails: labels needing approval
     approve: bool = False  # rails: ask on the terminal before each risky action
     on_illegal: str = "raise"  # rails: a masked action raises, or is refused ("refuse")
-    embedder: str | None = None  # override the team's observation embedder (minilm | hash | none)
+    embedder: Embedder | None = None  # override the team's observation embedder (None: the team file's)
     use_cache: bool = True  # response cache for temperature-0 worker calls
     cache_path: str | None = None  # default: $ORCHESTRA_CACHE_DIR/responses.sqlite
     resume: bool = False  # continue from the checkpoint in the run directory, if any
@@ -150,8 +153,8 @@ def collect_decisions(env: ConductorGymEnv, teacher: ConductorPolicy, episodes: 
     )
 
 
-def finetune_conductor(
-    cfg: FinetuneConfig, out_dir: str | Path, *, session: Session | None = None, approve: Approval | None = None
+def train_conductor_ppo(
+    cfg: ConductorPPOConfig, out_dir: str | Path, *, session: Session | None = None, approve: Approval | None = None
 ) -> Path:
     """Run one online fine-tuning job (module docstring); returns the run directory.
 
@@ -164,8 +167,8 @@ def finetune_conductor(
     session = session or Session(cfg.team, cfg.family, cfg.use_cache, cfg.cache_path)
     team = session.team
     if cfg.embedder is not None:
-        team = dataclasses.replace(team, env=dataclasses.replace(team.env, embedder=cfg.embedder))  # type: ignore[arg-type]
-    _write_config(run_dir, asdict(cfg), team)
+        team = dataclasses.replace(team, env=dataclasses.replace(team.env, embedder=cfg.embedder))
+    write_run_config(run_dir, asdict(cfg), team)
     rails = cfg.rails(approve)
     env = ConductorGymEnv(
         team, session.family, session.workers, rails, split=split, difficulty=cfg.difficulty, seed=cfg.seed
@@ -207,7 +210,7 @@ def finetune_conductor(
 
 
 def _warm_start(
-    cfg: FinetuneConfig, env: ConductorGymEnv, team: Any, session: Session, encoder: ObservationEncoder
+    cfg: ConductorPPOConfig, env: ConductorGymEnv, team: Any, session: Session, encoder: ObservationEncoder
 ) -> tuple[Any, Path | None]:
     """(decisions to clone, PPO checkpoint to start from) for ``cfg.warm_start`` (module docstring)."""
     assert cfg.warm_start is not None
@@ -241,4 +244,4 @@ def _warm_start(
     return collect_decisions(collect_env, teacher, cfg.warm_start_episodes, cfg.seed + 1), None
 
 
-__all__ = ["Decisions", "FinetuneConfig", "collect_decisions", "finetune_conductor"]
+__all__ = ["Decisions", "ConductorPPOConfig", "collect_decisions", "train_conductor_ppo"]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.report_plots import plot_cost, plot_success
+from orchestra.report.plots import plot_cost, plot_success
 from policies import RULE_BASED
 from trajectories import Episode
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:  # evaluate imports this module; the row type is only needed for annotations
-    from orchestra.evaluate import ResultRow
+    from orchestra.report.evaluation import ResultRow
 
 
 def _pyplot() -> Any:

@@ -9,8 +9,8 @@ from typing import Any
 
 from orchestra.backends import make_backend
 from orchestra.backends.base import Backend, GenerationParams
-from orchestra.llm_conductor import LLMConductor
-from orchestra.team import TeamSpec
+from orchestra.runtime.llm_conductor import LLMConductor
+from orchestra.runtime.team_file import TeamSpec
 from policies import (
     ConductorPolicy,
     HeuristicConductor,

@@ -1,0 +1,210 @@
+"""``orchestra dataset | train | ope | finetune-conductor | distill | reproduce``: learning the conductor (phase 1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from envs.tasks.base import SPLITS
+from orchestra.cli.data import run_options
+from orchestra.cli.options import Opt, add_options, build
+from orchestra.jobs.conductor import DatasetBuildConfig, DistillJob, OPEConfig, TrainConfig
+from orchestra.jobs.conductor_ppo import ConductorPPOConfig
+from orchestra.jobs.phase1 import ReproduceConfig
+from policies.offline import D3RLPY_ALGOS
+
+
+def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
+    """Add the phase-1 subcommands; returns their handlers by command name."""
+    p = sub.add_parser("dataset", help="build or inspect an offline dataset of conductor decisions", epilog=epilog)
+    dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="SUBCOMMAND")
+    q = dsub.add_parser("build", help="trajectory files → dataset (.npz), states re-encoded with the team's encoder")
+    add_options(
+        q,
+        DatasetBuildConfig,
+        [
+            "team",
+            Opt("inputs", "--input"),
+            "out",
+            Opt("filters.families", "--family", action="append", help="keep only this task family (repeat)"),
+            Opt("filters.splits", "--split", action="append", choices=SPLITS, help="keep only this split (repeat)"),
+            Opt("filters.conductors", "--source", action="append", help="keep only this recorded conductor (repeat)"),
+            Opt("filters.success_only", "--success-only"),
+            Opt("filters.min_return", "--min-return"),
+            Opt("weights", "--weight", action="append", metavar="COMPONENT=NUMBER"),
+            "seed",
+        ],
+    )
+    q = dsub.add_parser("stats", help="episodes, transitions, action histogram, returns per source conductor")
+    q.add_argument("path", help="dataset .npz")
+    q.add_argument("--json", action="store_true", help="print as JSON")
+
+    p = sub.add_parser("train", help="train an offline conductor with d3rlpy (bc | fbc | bcq | cql)", epilog=epilog)
+    add_options(
+        p,
+        TrainConfig,
+        [
+            Opt("offline.algo", "--algo", choices=D3RLPY_ALGOS, required=True),
+            "dataset",
+            "out",
+            "team",
+            Opt("offline.n_steps", "--steps"),
+            Opt("offline.n_steps_per_epoch", "--steps-per-epoch"),
+            Opt("offline.batch_size", "--batch-size"),
+            Opt("offline.learning_rate", "--lr"),
+            Opt("offline.gamma", "--gamma"),
+            Opt("offline.cql_alpha", "--cql-alpha"),
+            Opt("offline.n_critics", "--critics"),
+            Opt("offline.bcq_action_flexibility", "--bcq-flexibility"),
+            Opt("offline.hidden_units", "--hidden"),
+            Opt("offline.truncation", "--truncation"),
+            Opt("offline.seed", "--seed"),
+        ],
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+    p = sub.add_parser("ope", help="estimate a learned conductor's value from logs alone (d3rlpy FQE)", epilog=epilog)
+    add_options(
+        p,
+        OPEConfig,
+        ["checkpoint", "dataset", "team", Opt("fqe.n_steps", "--steps"), Opt("fqe.gamma", "--gamma"), "out",
+         Opt("fqe.seed", "--seed")],
+    )  # fmt: skip
+
+    p = sub.add_parser(
+        "finetune-conductor", help="refine a conductor online with MaskablePPO behind safety rails", epilog=epilog
+    )
+    add_options(
+        p,
+        ConductorPPOConfig,
+        [
+            "team",
+            "timesteps",
+            "n_steps",
+            "warm_start",
+            Opt("allow", action="append", metavar="LABEL"),
+            "max_turns",
+            "max_tokens",
+            Opt("risky", action="append", metavar="LABEL"),
+            "approve",
+            "embedder",
+            "difficulty",
+            "resume",
+            "seed",
+            Opt("use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
+            Opt("cache_path", "--cache"),
+            Opt("progress", "--quiet", help="no progress bar"),
+        ],
+    )
+    p.add_argument("--out", required=True, help="run directory (checkpoint in OUT/checkpoint)")
+
+    p = sub.add_parser("distill", help="distil a conductor into a readable decision tree", epilog=epilog)
+    add_options(p, DistillJob, ["dataset", "team"])
+    add_options(p.add_mutually_exclusive_group(required=True), DistillJob, ["checkpoint", "conductor"])
+    add_options(
+        p,
+        DistillJob,
+        ["out", Opt("distill.max_depth", "--max-depth"), Opt("distill.features", "--features"),
+         Opt("distill.heldout_frac", "--heldout-frac"), Opt("distill.seed", "--seed")],
+    )  # fmt: skip
+
+    p = sub.add_parser("reproduce", help="run a documented full-scale experiment", epilog=epilog)
+    rsub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    q = rsub.add_parser("conductor", help="phase 1 at full scale: the table the README quotes")
+    add_options(
+        q,
+        ReproduceConfig(),
+        [
+            "out",
+            Opt("phase1.train_episodes", "--train-episodes"),
+            Opt("phase1.eval_episodes", "--episodes"),
+            "report",
+            *run_options("phase1.run"),
+        ],
+    )
+    return {
+        "dataset": _cmd_dataset,
+        "train": _cmd_train,
+        "ope": _cmd_ope,
+        "finetune-conductor": _cmd_conductor_ppo,
+        "distill": _cmd_distill,
+        "reproduce": _cmd_reproduce,
+    }
+
+
+def _cmd_dataset(a: argparse.Namespace) -> int:
+    from orchestra.report.summaries import format_dataset_summary
+    from policies.dataset import ConductorDataset
+
+    if a.dataset_command == "stats":
+        s = ConductorDataset.load(a.path).summary()
+        print(json.dumps(s, indent=2) if a.json else format_dataset_summary(s))
+        return 0
+    from orchestra.jobs.conductor import build_dataset_job
+
+    _, summary, out = build_dataset_job(build(DatasetBuildConfig, a))
+    print(format_dataset_summary(summary))
+    print(f"\ndataset: {out}")
+    return 0
+
+
+def _cmd_train(a: argparse.Namespace) -> int:
+    from orchestra.jobs.conductor import train_job
+
+    cfg = build(TrainConfig, a)
+    ds, res = train_job(cfg, progress=not a.quiet)
+    last = res.metrics[-1] if res.metrics else {}
+    algo = cfg.offline.algo
+    print(
+        f"trained {algo} on {len(ds.episodes)} episodes ({len(ds)} decisions), {cfg.offline.n_steps} steps; "
+        f"agreement with the logged actions {last.get('perf/agreement', float('nan')):.3f}\n"
+        f"checkpoint: {res.run_dir}  (use it as --conductor {algo}:{res.run_dir})"
+    )
+    return 0
+
+
+def _cmd_ope(a: argparse.Namespace) -> int:
+    from orchestra.jobs.conductor import ope_job
+
+    cfg = build(OPEConfig, a)
+    res = ope_job(cfg)
+    print(
+        f"FQE estimate of {cfg.checkpoint}: {res['fqe_estimate']:.3f} (gamma {cfg.fqe.gamma:g}) from "
+        f"{res['episodes']} logged episodes; the logged behaviour itself returned {res['behaviour_return']:.3f}"
+    )
+    return 0
+
+
+def _cmd_conductor_ppo(a: argparse.Namespace) -> int:
+    from orchestra.jobs.conductor_ppo import train_conductor_ppo
+
+    run = train_conductor_ppo(build(ConductorPPOConfig, a), a.out)
+    print(
+        f"run dir: {run}\ncheckpoint: {Path(run) / 'checkpoint'}  (use it as --conductor ppo:{Path(run) / 'checkpoint'})"
+    )
+    return 0
+
+
+def _cmd_distill(a: argparse.Namespace) -> int:
+    from orchestra.jobs.conductor import distill_job
+
+    cfg = build(DistillJob, a)
+    res = distill_job(cfg)
+    print(res.rules.rstrip())
+    print(
+        f"\nfidelity: {res.fidelity_heldout:.3f} on {res.n_heldout} held-out states, {res.fidelity_train:.3f} on "
+        f"{res.n_train} training states (masked {res.masked_fidelity:.3f})\nwritten: {cfg.out}/rules.txt"
+    )
+    return 0
+
+
+def _cmd_reproduce(a: argparse.Namespace) -> int:
+    from orchestra.jobs.phase1 import reproduce
+
+    cfg = build(ReproduceConfig(), a)
+    reproduce(cfg)
+    if cfg.report:
+        print(f"report: {cfg.report}")
+    return 0

@@ -1,0 +1,157 @@
+"""``orchestra record | evaluate | trajectories | teams | families``: recording, evaluation and inspection."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from orchestra.cli.options import Opt, add_options, build
+from orchestra.jobs.evaluate import EvaluateConfig
+from orchestra.jobs.inspect import ExportConfig
+from orchestra.jobs.record import RecordConfig
+
+
+def run_options(prefix: str = "run", *, num_envs: bool = True) -> list[Opt]:
+    """The flags of a :class:`~orchestra.runtime.session.RunOptions` at ``prefix`` (seed, envs, cache, progress)."""
+    opts = [
+        Opt(f"{prefix}.seed"),
+        Opt(f"{prefix}.use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
+        Opt(f"{prefix}.cache_path", "--cache"),
+        Opt(f"{prefix}.progress", "--quiet", help="no progress bar"),
+    ]
+    return [*opts[:1], Opt(f"{prefix}.num_envs"), *opts[1:]] if num_envs else opts
+
+
+def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
+    p = sub.add_parser("record", help="record trajectories of a team under a conductor", epilog=epilog)
+    add_options(
+        p,
+        RecordConfig,
+        [
+            "team",
+            Opt("conductor", help=_CONDUCTOR_HELP),
+            "epsilon",
+            "family",
+            "split",
+            "episodes",
+            "difficulty",
+            *run_options(),
+        ],
+    )
+    p.add_argument("--out", required=True, help="X.jsonl (run files go to X_run/) or a directory")
+    p.add_argument("--resume", action="store_true", help="continue a killed recording: no duplicates, no gaps")
+
+    p = sub.add_parser("evaluate", help="compare conductors on the same held-out tasks", epilog=epilog)
+    add_options(
+        p,
+        EvaluateConfig,
+        [
+            Opt("teams", "--team", action="append", help="team (repeat: one per task family)"),
+            Opt("conductors", "--conductor", action="append"),
+            "episodes",
+            "split",
+            *run_options(),
+        ],
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="run directory (results.csv, results.md, success.png, episodes/); an existing one is continued (its "
+        "recorded episodes are reused)",
+    )
+
+    p = sub.add_parser("trajectories", help="inspect and export trajectory files", epilog=epilog)
+    tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    q = tsub.add_parser("stats", help="validate files and summarise them (damaged lines are reported)")
+    q.add_argument("paths", nargs="+", help="JSONL files or directories")
+    q.add_argument("--json", action="store_true", help="print the summary as JSON")
+    q = tsub.add_parser("show", help="print one episode as a readable transcript")
+    q.add_argument("path")
+    q.add_argument("--episode", default=None, help="episode id (default: the first)")
+    q.add_argument("--index", type=int, default=None, help="episode index in the file (default: the first)")
+    q = tsub.add_parser("export", help="export to Parquet")
+    add_options(q, ExportConfig, [Opt("path", positional=True), "to", "table"])
+
+    sub.add_parser("teams", help="list the built-in teams")
+    sub.add_parser("families", help="list the task families")
+    return {
+        "record": _cmd_record,
+        "evaluate": _cmd_evaluate,
+        "trajectories": _cmd_trajectories,
+        "teams": _cmd_teams,
+        "families": _cmd_families,
+    }
+
+
+_CONDUCTOR_HELP = (
+    "round_robin | random | pipeline | heuristic | human | llm | LABEL:CHECKPOINT; several, comma-separated, each run "
+    "on the same tasks (mixed-source data)"
+)
+
+
+def _cmd_record(a: argparse.Namespace) -> int:
+    from orchestra.jobs.record import record
+
+    res = record(build(RecordConfig, a), a.out, resume=a.resume)
+    m = res.metrics
+    print(
+        f"recorded {len(res.episodes)} episodes ({res.skipped} already there) → {res.trajectories}\n"
+        f"run dir: {res.run_dir}\n"
+        f"success {100 * m.get('rollout/success_rate', 0):.1f}%  return {m.get('rollout/mean_return', 0):.3f}  "
+        f"turns {m.get('rollout/mean_turns', 0):.2f}  tokens {m.get('rollout/mean_tokens', 0):.1f}  "
+        f"({m.get('perf/episodes_per_s', 0):.2f} ep/s, {m.get('perf/tokens_per_s', 0):.0f} tok/s generated)"
+    )
+    return 0
+
+
+def _cmd_evaluate(a: argparse.Namespace) -> int:
+    from orchestra.jobs.evaluate import evaluate
+    from orchestra.report.evaluation import format_table
+
+    rows, paths = evaluate(build(EvaluateConfig, a), a.out)
+    print(format_table(rows))
+    print("\n" + "  ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _cmd_trajectories(a: argparse.Namespace) -> int:
+    from orchestra.jobs.inspect import export, pick_episode, read_file, read_files
+    from orchestra.report.summaries import format_episode, format_stats
+
+    if a.action == "export":
+        cfg = build(ExportConfig, a)
+        n = export(cfg)
+        print(f"wrote {cfg.to} ({n} rows)" if n is not None else f"wrote {cfg.to}")
+        return 0
+    report = read_files(a.paths) if a.action == "stats" else read_file(a.path)
+    for pr in report.problems:
+        print(f"warning: {pr}", file=sys.stderr)
+    if a.action == "stats":
+        from trajectories import summarize
+
+        s = summarize(report.episodes)
+        print(json.dumps(s, indent=2, default=str) if a.json else format_stats(s))
+        return 1 if report.problems else 0
+    try:
+        ep = pick_episode(report, a.path, a.episode, a.index)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 1
+    print(format_episode(ep))
+    return 0
+
+
+def _cmd_teams(a: argparse.Namespace) -> int:
+    from orchestra.jobs.inspect import team_lines
+
+    print("\n".join(team_lines()))
+    return 0
+
+
+def _cmd_families(a: argparse.Namespace) -> int:
+    from orchestra.jobs.inspect import family_lines
+
+    print("\n".join(family_lines()))
+    return 0

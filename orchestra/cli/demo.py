@@ -1,0 +1,40 @@
+"""``orchestra demo``: both phases at demo scale (:mod:`orchestra.jobs.demo`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from orchestra.cli.options import Opt, add_options, build
+from orchestra.jobs.demo import DemoConfig
+
+
+def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
+    p = sub.add_parser(
+        "demo",
+        help="both phases at demo scale: record, train BC and CQL, evaluate against rule-based conductors (phase 1); "
+        "TeamTR vs baselines on telephone chains and a Stage-0 swap (phase 2)",
+        epilog=epilog,
+    )
+    add_options(
+        p,
+        DemoConfig(),
+        [
+            "out",
+            "phases",
+            Opt("phase1.eval_episodes", "--episodes", help="held-out episodes per family and conductor"),
+            Opt("phase1.train_episodes", "--train-episodes", help="recorded training episodes per conductor"),
+            Opt("phase1.run.seed", "--seed", also=("bench.seed", "align.seed"), help="seed of both phases"),
+            Opt("phase1.run.num_envs", "--num-envs"),
+            Opt("phase1.run.use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
+            Opt("phase1.run.cache_path", "--cache"),
+            Opt("phase1.run.progress", "--quiet", help="no progress bars or progress lines"),
+        ],
+    )
+    return {"demo": _cmd_demo}
+
+
+def _cmd_demo(a: argparse.Namespace) -> int:
+    from orchestra.jobs.demo import run_demo
+
+    return run_demo(build(DemoConfig(), a))

@@ -1,0 +1,57 @@
+"""``orchestra demo``: both phases at demo scale. Phase 1 records rule-based conductors, trains BC and CQL and
+evaluates them against the rule-based ones (:mod:`orchestra.jobs.phase1`); phase 2 runs the telephone-chain
+benchmark (:mod:`orchestra.jobs.bench`) and a Stage-0 swap of one trained chain agent (:mod:`orchestra.jobs.align`).
+Every part resumes: finished work is kept."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from orchestra.jobs.align import AlignChainConfig, align_chain
+from orchestra.jobs.bench import BenchJob, run_bench_job
+from orchestra.jobs.phase1 import Phase1Config, run_phase1
+from orchestra.teamtr.bench.config import BenchConfig
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything ``orchestra demo`` runs. One seed and one progress switch serve both phases (the command line sets
+    ``phase1.run.seed``, ``bench.seed`` and the align seeds together); phase 2 writes under ``OUT/phase2``
+    (``bench/``, ``align/``: ``align.out`` is set from ``out``)."""
+
+    out: str = "runs/demo"  # run directory (phase 2 writes under OUT/phase2)
+    phases: tuple[Literal[1, 2], ...] = (1, 2)  # which phases to run
+    phase1: Phase1Config = field(default_factory=Phase1Config.demo)  # phase 1 at demo scale
+    bench: BenchConfig = field(default_factory=BenchConfig.demo)  # the benchmark at demo scale (about a minute)
+    align: AlignChainConfig = AlignChainConfig()  # the Stage-0 swap of agent 1 of a 4-agent chain
+
+
+def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
+    out = Path(cfg.out)
+    progress = cfg.phase1.run.progress
+    if 1 in cfg.phases:
+        run_phase1(cfg.phase1, out, command=f"orchestra demo --seed {cfg.phase1.run.seed}")
+    if 2 not in cfg.phases:
+        return 0
+    result = run_bench_job(BenchJob(cfg.bench, str(out / "phase2" / "bench"), progress))
+    say("\n# Phase 2 (demo scale): TeamTR on the telephone chain\n")
+    say(result.section("J:equal_stages"))
+    say("\n" + result.section("checks"))
+    say(f"\nfull tables and plots: {result.summary.parent}")
+    align = dataclasses.replace(cfg.align, out=str(out / "phase2" / "align"), progress=progress)
+    report = Path(align.out) / "report.md"
+    if report.exists():
+        say("\n" + report.read_text(encoding="utf-8"))
+        return 0
+    say("\n# Phase 2 (demo scale): Stage-0 swap of agent 1 of a 4-agent chain\n")
+    res = align_chain(align)
+    say(res.markdown)
+    say("written: " + "  ".join(str(p) for p in res.written))
+    return 0
+
+
+__all__ = ["DemoConfig", "run_demo"]

@@ -1,0 +1,50 @@
+"""``orchestra evaluate``: every conductor on the same held-out tasks and seeds of every team's family, then the
+report (tables, CSV, plots) from the recorded episodes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from envs.tasks.base import Split
+from orchestra.jobs.record import RecordConfig, record
+from orchestra.report.evaluation import ResultRow, evaluation_report
+from orchestra.runtime.conductors import split_spec
+from orchestra.runtime.session import RunOptions, Session
+from trajectories import Episode, read_trajectories
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """Resolved settings of one evaluation; written to the run directory."""
+
+    teams: tuple[str, ...]  # one team per task family (built-in names or team files)
+    # conductor NAME or LABEL:CHECKPOINT of a learned one, all run on the same tasks and seeds; "{team}" in a
+    # checkpoint path is replaced by each team's name (learned conductors are trained per team)
+    conductors: tuple[str, ...]
+    episodes: int = 20  # held-out tasks per family
+    split: Split = "test"  # the split to evaluate on
+    run: RunOptions = RunOptions()  # seed, envs, cache, progress
+
+
+def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow], dict[str, Path]]:
+    """Run every conductor on the same held-out tasks of every team's family; write the report. An existing run
+    directory is continued: its recorded episodes are reused."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    all_eps: list[Episode] = []
+    for team_name in cfg.teams:
+        session = Session.of(team_name, None, cfg.run)
+        for spec in cfg.conductors:
+            conductor = spec.replace("{team}", session.team.name)
+            rc = RecordConfig(team_name, conductor, cfg.episodes, cfg.split, run=cfg.run)
+            label, _ = split_spec(conductor)
+            res = record(rc, out / "episodes" / f"{session.team.name}-{label}.jsonl", resume=True, session=session)
+            all_eps.extend(read_trajectories(res.trajectories).episodes)
+    rows, _paired, paths = evaluation_report(all_eps, out)
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
+    return rows, paths
+
+
+__all__ = ["EvaluateConfig", "evaluate"]

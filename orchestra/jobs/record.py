@@ -1,0 +1,130 @@
+"""``orchestra record``: episodes of a team under one or several conductors, written as trajectories, with a run
+directory holding the resolved config and the metrics (CSV + JSONL)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from envs.tasks.base import Split
+from orchestra.jobs.rundir import append_metrics, write_run_config
+from orchestra.runtime.conductors import conductor_factory, split_spec
+from orchestra.runtime.rollout import RolloutEngine, RolloutStats, episode_metrics, plan_jobs
+from orchestra.runtime.session import RunOptions, Session
+from policies.base import ConductorPolicy
+from policies.exploration import EpsilonGreedyConductor, exploring_name
+from trajectories import Episode, TrajectoryWriter
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """Resolved settings of one recording; written to the run directory."""
+
+    team: str  # built-in team name (see `orchestra teams`) or a team YAML file
+    # conductor NAME or LABEL:CHECKPOINT; several, comma-separated, each run on the same tasks (mixed-source data)
+    conductor: str
+    episodes: int = 20  # number of episodes (tasks) per conductor
+    split: Split = "train"  # task split
+    family: str | None = None  # task family (None = the team's), or a .jsonl file of question/answer lines
+    difficulty: int | None = None  # one difficulty level (None = mixed)
+    # ε-random exploration: share of decisions replaced by a random legal action (recorded as NAME+epsE)
+    epsilon: float = 0.0
+    run: RunOptions = RunOptions()  # seed, envs, cache, progress
+
+    def conductor_specs(self) -> list[str]:
+        specs = [c.strip() for c in self.conductor.split(",") if c.strip()]
+        if not specs:
+            raise ValueError("--conductor: name at least one conductor")
+        return specs
+
+
+@dataclass
+class RecordResult:
+    trajectories: Path
+    run_dir: Path
+    episodes: list[Episode]
+    skipped: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def run_paths(out: str | Path) -> tuple[Path, Path]:
+    """``--out X.jsonl`` → (X.jsonl, X_run/); ``--out DIR`` → (DIR/trajectories.jsonl, DIR)."""
+    out = Path(out)
+    if out.suffix == ".jsonl":
+        return out, out.with_name(out.stem + "_run")
+    return out / "trajectories.jsonl", out
+
+
+def _run_id(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def _episode_row(e: Episode) -> dict[str, Any]:
+    return {
+        "episode_id": e.episode_id,
+        "conductor": e.conductor.name,
+        "family": e.task.family,
+        "task_id": e.task.id,
+        "success": int(e.success),
+        "return": round(e.return_, 6),
+        "turns": e.worker_turns,
+        "tokens": e.total_tokens,
+        "truncated": int(e.truncated),
+        "wall_time_s": e.usage.get("wall_time_s", 0.0),
+    }
+
+
+def _exploring(base: Callable[[], ConductorPolicy], epsilon: float, seed: int) -> ConductorPolicy:
+    return EpsilonGreedyConductor(base(), epsilon, seed)
+
+
+def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Session | None = None) -> RecordResult:
+    """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly."""
+    traj_path, run_dir = run_paths(out)
+    session = session or Session.of(cfg.team, cfg.family, cfg.run)
+    team, family = session.team, session.family
+    if cfg.split not in ("train", "test"):
+        raise ValueError(f"--split: expected train or test, got {cfg.split!r}")
+    seed = cfg.run.seed
+    tasks = family.generate(cfg.split, cfg.episodes, seed, cfg.difficulty)
+    specs = cfg.conductor_specs()
+    episodes: list[Episode] = []
+    skipped = 0
+    stats = RolloutStats()
+    with TrajectoryWriter(traj_path, resume=resume) as writer:
+        write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
+        for spec in specs:
+            label, checkpoint = split_spec(spec)
+            name = exploring_name(label, cfg.epsilon)
+            run_id = _run_id(team.name, name, family.name, cfg.split, seed, cfg.difficulty)
+            jobs = plan_jobs(tasks, seed, f"{team.name}-{name}-{cfg.split}-s{seed}")
+            todo = [j for j in jobs if j.episode_id not in writer.done_ids]
+            skipped += len(jobs) - len(todo)
+            base = conductor_factory(spec, team, seed, session.backends())
+            factory = base
+            if cfg.epsilon > 0:
+                factory = partial(_exploring, base, cfg.epsilon, seed)
+            engine = RolloutEngine(
+                team,
+                family,
+                session.workers,
+                factory,
+                conductor_name=name,
+                conductor_checkpoint=checkpoint,
+                run_id=run_id,
+                num_envs=cfg.run.num_envs,
+                progress=cfg.run.progress,
+            )
+            episodes += engine.run(todo, writer=writer, on_episode=lambda e: append_metrics(run_dir, [_episode_row(e)]))
+            stats.merge(engine.stats)
+    metrics = {**stats.as_metrics(), **episode_metrics(episodes)}
+    (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
+    return RecordResult(traj_path, run_dir, episodes, skipped, metrics)
+
+
+__all__ = ["RecordConfig", "RecordResult", "record", "run_paths"]

@@ -1,0 +1,53 @@
+"""A loaded team: its team file, task family and workers, reused by every conductor of one job; and the run options
+every recording job shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from envs.tasks.base import TaskFamily
+from envs.tasks.registry import get_family
+from orchestra.runtime.team_file import TeamSpec, load_team
+from orchestra.runtime.workers import Worker, build_workers
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a job runs its episodes (not what it runs): shared by recording, evaluation and phase 1."""
+
+    seed: int = 0  # run seed: tasks and per-episode seeds derive from it
+    num_envs: int = 8  # envs stepped at once; worker requests are batched across them
+    use_cache: bool = True  # the response cache for temperature-0 calls
+    cache_path: str | None = None  # response cache file; None = $ORCHESTRA_CACHE_DIR/responses.sqlite
+    progress: bool = True  # progress bars on stderr
+
+
+def resolve_family(team: TeamSpec, family: str | None) -> TaskFamily:
+    """The task family a team runs on: ``family`` (a registered name or a ``.jsonl`` file) or the team's own."""
+    name = family or team.family
+    if name.endswith(".jsonl"):
+        return get_family("jsonl", path=name)
+    return get_family(name)
+
+
+class Session:
+    """A loaded team with its family and workers, reused across the conductors of one job."""
+
+    def __init__(self, team: str, family: str | None, use_cache: bool, cache_path: str | None) -> None:
+        self.team = load_team(team)
+        self.family = resolve_family(self.team, family)
+        self.workers: dict[str, Worker] = build_workers(
+            self.team, self.family.tools(), cache_path=Path(cache_path) if cache_path else None, use_cache=use_cache
+        )
+
+    @classmethod
+    def of(cls, team: str, family: str | None, run: RunOptions) -> Session:
+        return cls(team, family, run.use_cache, run.cache_path)
+
+    def backends(self) -> dict[str, Any]:
+        return {k: w.backend for k, w in self.workers.items()}
+
+
+__all__ = ["RunOptions", "Session", "resolve_family"]

@@ -1,0 +1,201 @@
+"""The telephone-chain benchmark's report: ``summary.md`` (the config and every table, as named sections) and the
+plots (``learning_curves.png``, ``drift.png``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestra.teamtr.bench.analysis import REGRESSION_THRESHOLDS, run_curves
+from orchestra.teamtr.bench.config import BenchConfig
+
+
+def _cell(v: Any, digits: int = 3) -> str:
+    if isinstance(v, float):
+        return "—" if math.isnan(v) else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _pivot(table: Sequence[dict[str, Any]], cfg: BenchConfig, fmt: Any, accounting: str | None = None) -> list[str]:
+    """Markdown table: one row per n, one column per scheme."""
+    lines = ["| n | " + " | ".join(cfg.schemes) + " |", "|---|" + "---|" * len(cfg.schemes)]
+    by = {(r["n"], r["scheme"]): r for r in table if accounting is None or r.get("accounting") == accounting}
+    for n in cfg.ns:
+        cells = [fmt(by[(n, s)]) if (n, s) in by else "—" for s in cfg.schemes]
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _delta(cfg: BenchConfig) -> str:
+    d = cfg.trainer.delta
+    return f"{d:g}" if isinstance(d, float | int) else "/".join(f"{x:g}" for x in d)
+
+
+def summary_sections(
+    cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
+) -> dict[str, list[str]]:
+    """``summary.md`` as named sections of lines, in order: ``header``, then per accounting (``equal_stages``,
+    ``equal_episodes``) ``J:…``, ``paired:…`` and ``stages:…``, then ``regressions``, ``drift``, ``alpha``, ``trust``,
+    ``checks`` and ``files``. A caller can show some of them (the demo prints the equal-stage J and the checks)."""
+    n_max = max(cfg.ns)
+    out: dict[str, list[str]] = {}
+    out["header"] = [
+        "# TeamTR telephone-chain benchmark",
+        "",
+        f"Wall time of this invocation {seconds:.1f} s"
+        + (f" ({reused} of {total} runs reused from an earlier invocation's `runs.csv`)" if reused else "")
+        + ". Config (`config.json`): "
+        + json.dumps(cfg.to_json()),
+        "",
+        "Runs are paired: for a given (n, seed) every scheme starts from the same warm-started team and trainer seed.",
+        "",
+    ]
+
+    def j_cell(r: dict[str, Any]) -> str:
+        return f"{_cell(r['J_mean'])}±{_cell(r['J_sd'])}"
+
+    def diff_cell(r: dict[str, Any]) -> str:
+        return f"{_cell(r['diff_vs_teamtr_mean'], 3)}±{_cell(r['diff_vs_teamtr_se'], 3)}"
+
+    def stage_cell(r: dict[str, Any]) -> str:
+        return f"{_cell(r['stage_mean'], 1)} ({_cell(r['episodes_mean'], 0)} ep)"
+
+    for accounting, title in (
+        ("equal_stages", f"equal stages (stage {cfg.num_stages})"),
+        ("equal_episodes", "equal sampled episodes (first stage reaching teamtr's final episode count, else nearest)"),
+    ):
+        if not any(r["accounting"] == accounting for r in tables["final"]):
+            continue
+        out[f"J:{accounting}"] = [f"## Final exact J, mean ± sd over seeds: {title}", ""]
+        out[f"J:{accounting}"] += _pivot(tables["final"], cfg, j_cell, accounting) + [""]
+        out[f"paired:{accounting}"] = [f"Paired J_scheme − J_teamtr, mean ± SE ({title}):", ""]
+        out[f"paired:{accounting}"] += _pivot(tables["final"], cfg, diff_cell, accounting) + [""]
+        out[f"stages:{accounting}"] = ["Stage read (mean) and cumulative episodes:", ""]
+        out[f"stages:{accounting}"] += _pivot(tables["final"], cfg, stage_cell, accounting) + [""]
+    lines: list[str] = []
+    for thr in REGRESSION_THRESHOLDS:
+        lines += [
+            f"## Regressions: fraction of stages where exact J fell by more than {thr:g} (first {cfg.num_stages})"
+        ]
+        lines += [""] + _pivot(tables["regressions"], cfg, lambda r, t=thr: _cell(r[f"regress_{t:g}"])) + [""]
+    out["regressions"] = lines
+    lines = []
+    for kind, label in (("drift_b", "(b)"), ("drift_d", "(d)")):
+        lines += [f"## Drift {label}, mean ± sd over seeds of the mean over the first {cfg.drift_stages} stages", ""]
+        lines += _pivot(tables["drift"], cfg, lambda r, k=kind: f"{_cell(r[k], 4)}±{_cell(r[k + '_sd'], 4)}") + [""]
+    out["drift"] = lines
+    out["alpha"] = [
+        f"## Drift exponents α (OLS slope of log drift vs log n over n ∈ {list(cfg.ns)}) and ratio to teamtr at "
+        f"n = {n_max}",
+        "",
+        f"| scheme | α (b) | α (d) | drift (b) / teamtr at n={n_max} | drift (d) / teamtr at n={n_max} |",
+        "|---|---|---|---|---|",
+    ]
+    for r in tables["alpha"]:
+        out["alpha"].append(
+            f"| {r['scheme']} | {_cell(r['alpha_b'], 2)} | {_cell(r['alpha_d'], 2)} | "
+            f"{_cell(r[f'ratio_b_vs_teamtr_at_n{n_max}'], 2)} | {_cell(r[f'ratio_d_vs_teamtr_at_n{n_max}'], 2)} |"
+        )
+    out["alpha"].append("")
+    out["trust"] = [
+        f"## Trust region, every agent-update of every run (KL = exact over the vocabulary, δ = {_delta(cfg)})",
+        "",
+        "| scheme | agent-updates | accepted | bound (full step broke δ) | accepted with KL > δ | max KL/δ accepted |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in tables["trust"]:
+        share = r["bound"] / r["agent_updates"] if r["agent_updates"] else math.nan
+        out["trust"].append(
+            f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({_cell(share * 100, 1)}%) | "
+            f"{r['kl_over']} | {_cell(r['kl_max_ratio'], 3)} |"
+        )
+    out["trust"].append("")
+    out["checks"] = [
+        "## Acceptance criteria (issue 4) on this run",
+        "",
+        "n/a: this run's config cannot decide the criterion. (†) drift criteria: fixed order, ≥ 8 seeds, a warm-started "
+        "chain (warm pass ≥ 0.8) and ≥ 3 chain lengths.",
+        "",
+        "| criterion | need | measured | holds |",
+        "|---|---|---|---|",
+        *(f"| {c['criterion']} | {c['need']} | {c['value']} | {c['ok']} |" for c in tables["checks"]),
+        "",
+    ]
+    out["files"] = [
+        "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `trust.csv`, `checks.csv`, "
+        "`learning_curves.png`, `drift.png`.",
+        "",
+    ]
+    return out
+
+
+def summary_markdown(
+    cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
+) -> str:
+    """``summary.md``: the config and every table (:func:`summary_sections`, in order)."""
+    return join_sections(summary_sections(cfg, tables, seconds, reused, total))
+
+
+def join_sections(sections: dict[str, list[str]], names: Sequence[str] | None = None) -> str:
+    """Markdown of the named sections (default: all, in order)."""
+    return "\n".join(line for name in (names or list(sections)) for line in sections[name])
+
+
+def plot(cfg: BenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path) -> None:
+    """``learning_curves.png`` (J vs cumulative episodes, mean ± sd per n) and ``drift.png`` (log-log with fits)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = run_curves(rows)
+    cols = len(cfg.ns)
+    fig, axes = plt.subplots(1, cols, figsize=(4 * cols, 3.2), squeeze=False)
+    for ax, n in zip(axes[0], cfg.ns, strict=True):
+        for scheme in cfg.schemes:
+            curves = [runs[(n, scheme, s)] for s in range(cfg.seeds) if (n, scheme, s) in runs]
+            if not curves:
+                continue
+            length = min(len(c) for c in curves)
+            j = np.array([[r["J"] for r in c[:length]] for c in curves])  # (seeds, stages)
+            x = np.array([r["episodes"] for r in curves[0][:length]])
+            mean, sd = j.mean(0), j.std(0)
+            ax.plot(x, mean, label=scheme)
+            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
+        ax.set_title(f"n = {n}")
+        ax.set_xlabel("sampled episodes")
+        ax.set_ylabel("exact J")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=100)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), squeeze=False)
+    by = {(r["n"], r["scheme"]): r for r in tables["drift"]}
+    alphas = {r["scheme"]: r for r in tables["alpha"]}
+    ns = np.asarray(cfg.ns, dtype=np.float64)
+    for ax, kind in zip(axes[0], ("drift_b", "drift_d"), strict=True):
+        for scheme in cfg.schemes:
+            y = np.array([by[(n, scheme)][kind] for n in cfg.ns])
+            keep = np.isfinite(y) & (y > 0)
+            if not keep.any():
+                continue
+            a = alphas[scheme][f"alpha_{kind[-1]}"]
+            (line,) = ax.loglog(ns[keep], y[keep], "o", label=f"{scheme} α={_cell(a, 2)}")
+            if math.isfinite(a):
+                c = float(np.exp(np.mean(np.log(y[keep]) - a * np.log(ns[keep]))))
+                ax.loglog(ns, c * ns**a, "-", color=line.get_color(), alpha=0.6)
+        ax.set_title(f"drift ({kind[-1]}) vs n")
+        ax.set_xlabel("n")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "drift.png", dpi=100)
+    plt.close(fig)
+
+
+__all__ = ["join_sections", "plot", "summary_markdown", "summary_sections"]

@@ -1,0 +1,79 @@
+"""The per-agent trust region of a TeamTR update (docs/algorithms.md §2.3–§2.4): the per-token KL between an agent's
+pre-update policy π_cur and its current one, measured on the update's own batch, and the backtracking line search
+that keeps it ≤ δ. Imports torch only; the update that calls it is :func:`orchestra.teamtr.trainer.update_agents`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from orchestra.teamtr.config import KLEstimator, TeamTRConfig
+from orchestra.teamtr.losses import kl_exact, kl_k1, kl_k3, masked_mean
+from orchestra.teamtr.protocols import BatchT, TrainableTeam
+
+
+def token_kl(
+    team: TrainableTeam[BatchT],
+    agent: int,
+    batch: BatchT,
+    old_logprobs: Tensor,
+    old_logits: Tensor | None,
+    estimator: KLEstimator,
+    *,
+    logp: Tensor | None = None,
+) -> Tensor:
+    """D̂_agent^tok(π_cur‖π_θ): per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a scalar tensor.
+
+    ``old_logprobs`` (B, T): log π_cur of the batch's tokens; ``old_logits`` (B, T, V): π_cur's logits (needed by
+    ``exact`` only). The tokens were sampled by π_cur, so k1 / k3 take logq = old, logp = new; exact sums over the
+    vocabulary.
+    """
+    mask = batch.mask[agent]
+    if estimator == "exact":
+        if old_logits is None:
+            raise ValueError("the exact KL needs the pre-update logits")
+        return kl_exact(team.logits(agent, batch), old_logits, mask)
+    new = team.logprobs(agent, batch) if logp is None else logp
+    old = old_logprobs
+    return masked_mean(kl_k3(new, old) if estimator == "k3" else kl_k1(new, old), mask)
+
+
+def backtrack(
+    team: TrainableTeam[BatchT],
+    agent: int,
+    batch: BatchT,
+    old_logprobs: Tensor,
+    old_logits: Tensor | None,
+    before: dict[str, Tensor],
+    kl_before: float,
+    delta: float,
+    cfg: TeamTRConfig,
+    estimator: KLEstimator,
+) -> tuple[float, int, str, Tensor | None]:
+    """Enforce D̂ ≤ δ after an optimizer step (docs/algorithms.md §2.4 option 1): keep the step, or line-search
+    θ_prev + β^j (θ_step − θ_prev), j = 1..max_backtracks, or revert to θ_prev.
+
+    Returns (the KL of the parameters kept, line-search steps tried, ``full`` | ``shortened`` | ``reverted``, the
+    batch's log-probs (B, T) at the parameters kept when they were computed on the way (k1 / k3), else None).
+    """
+
+    def measure() -> tuple[float, Tensor | None]:
+        logp = None if estimator == "exact" else team.logprobs(agent, batch).detach()
+        return float(token_kl(team, agent, batch, old_logprobs, old_logits, estimator, logp=logp)), logp
+
+    with torch.no_grad():
+        kl, logp = measure()
+        if kl <= delta:
+            return kl, 0, "full", logp
+        step = team.state(agent)
+        for j in range(1, cfg.max_backtracks + 1):
+            coef = cfg.backtrack_coef**j
+            team.load_state(agent, {k: torch.lerp(before[k], step[k], coef) for k in before})
+            kl, logp = measure()
+            if kl <= delta:
+                return kl, j, "shortened", logp
+        team.load_state(agent, before)
+        return kl_before, cfg.max_backtracks, "reverted", None
+
+
+__all__ = ["backtrack", "token_kl"]
