@@ -1,4 +1,4 @@
-"""Stage-0 alignment (orchestra/teamtr/align.py, orchestra/cli_align.py): the reverse-KL loss against hand and
+"""Stage-0 alignment (orchestra/teamtr/align.py, orchestra/jobs/align.py): the reverse-KL loss against hand and
 torch computations, the loop's stopping rule and determinism, the swap-shock ACCEPTANCE check on the chain, the
 tokenizer-family check and the ``orchestra align chain`` command."""
 

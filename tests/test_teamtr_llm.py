@@ -1,4 +1,4 @@
-"""TeamTR on real LLM workers (orchestra/teamtr/llm.py, orchestra/cli_finetune.py): own-token masks, LoRA isolation,
+"""TeamTR on real LLM workers (orchestra/teamtr/llm.py, orchestra/jobs/finetune.py): own-token masks, LoRA isolation,
 the behaviour = current log-prob invariant, held-out evaluation and resume on a tiny random Llama (SmolLM2 tokenizer);
 one end-to-end stage of the real SmolLM2 team (slow); the ``orchestra finetune`` command."""
 

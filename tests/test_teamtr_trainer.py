@@ -1,4 +1,4 @@
-"""TeamTR trainer (orchestra/teamtr/trainer.py) on the telephone chain (orchestra/teamtr/team.py): the schemes'
+"""TeamTR trainer (orchestra/teamtr/trainer.py) on the telephone chain (orchestra/teamtr/chain_team.py): the schemes'
 structural facts (docs/telephone-chain.md), the trust region, adapter isolation and a learning check."""
 
 from __future__ import annotations

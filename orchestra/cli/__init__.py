@@ -1,47 +1,59 @@
 """The ``orchestra`` command line: argument parsing only.
 
-Each command group is a module that declares its parsers from the jobs' config dataclasses
-(:mod:`orchestra.cli.options`: a default is written once, in the dataclass) and hands the resolved config to a job
-(:mod:`orchestra.jobs`):
+Each command group is a module that declares its commands (:class:`Command`: a one-line help, a function that adds
+the command's options from the job's config dataclass — :mod:`orchestra.cli.options`: a default is written once, in
+the dataclass — and a handler that hands the resolved config to a job in :mod:`orchestra.jobs`):
 
 * :mod:`~orchestra.cli.data` — record, evaluate, trajectories, teams, families;
 * :mod:`~orchestra.cli.demo` — demo;
 * :mod:`~orchestra.cli.conductor` — dataset, train, ope, finetune-conductor, distill, reproduce (phase 1);
 * :mod:`~orchestra.cli.teamtr` — bench, finetune, align (phase 2).
+
+A command's options are added only when that command runs (or for ``--help`` of it), so ``orchestra --help`` and
+the commands that need no model stack do not import torch, transformers or d3rlpy.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from orchestra.cli import conductor, data, demo, teamtr
-from orchestra.cli.options import ConfigError
+from orchestra.cli.options import Command, ConfigError
 
 EPILOG = "Every command takes --seed; runs repeat exactly on CPU. Docs: README.md."
-Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    """The root parser and every command's handler."""
+def commands() -> dict[str, Command]:
+    """Every command, in the order ``orchestra --help`` lists them."""
+    return {**data.COMMANDS, **demo.COMMANDS, **teamtr.BENCH, **conductor.COMMANDS, **teamtr.COMMANDS}
+
+
+def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Command]]:
+    """The root parser with every command (only ``only``'s options, if given) and the commands by name."""
     ap = argparse.ArgumentParser(
         prog="orchestra",
         description="Learn how to run a team of LLM agents: record orchestration trajectories, compare conductors.",
         epilog=EPILOG,
     )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    handlers: dict[str, Handler] = {}
-    handlers.update(data.add_parsers(sub, EPILOG))
-    handlers.update(demo.add_parsers(sub, EPILOG))
-    handlers.update(teamtr.add_bench_parser(sub, EPILOG))
-    handlers.update(conductor.add_parsers(sub, EPILOG))
-    handlers.update(teamtr.add_parsers(sub, EPILOG))
-    return ap, handlers
+    table = commands()
+    for name, cmd in table.items():
+        p = sub.add_parser(name, help=cmd.help, epilog=EPILOG)
+        if only is None or only == name:
+            cmd.build(p, EPILOG)
+    return ap, table
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command named on the command line (the root parser takes no option but ``-h``)."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap, handlers = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap, table = build_parser(only=_command_of(argv) or "")
     args = ap.parse_args(argv)
     from envs.tasks.base import Task  # noqa: F401  (fail early with a clear message if the install is broken)
     from envs.team_env import IllegalActionError
@@ -52,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trajectories import SchemaError, TrajectoryFileError
 
     try:
-        return handlers[args.command](args)
+        return table[args.command].run(args)
     except (
         ConfigError,
         TeamFileError,
@@ -72,4 +84,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-__all__ = ["EPILOG", "build_parser", "main"]
+__all__ = ["EPILOG", "build_parser", "commands", "main"]

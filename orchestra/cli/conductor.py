@@ -5,20 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
-from envs.tasks.base import SPLITS
 from orchestra.cli.data import run_options
-from orchestra.cli.options import Opt, add_options, build
-from orchestra.jobs.conductor import DatasetBuildConfig, DistillJob, OPEConfig, TrainConfig
-from orchestra.jobs.conductor_ppo import ConductorPPOConfig
-from orchestra.jobs.phase1 import ReproduceConfig
-from policies.offline import D3RLPY_ALGOS
+from orchestra.cli.options import Command, Opt, add_options, build
 
 
-def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
-    """Add the phase-1 subcommands; returns their handlers by command name."""
-    p = sub.add_parser("dataset", help="build or inspect an offline dataset of conductor decisions", epilog=epilog)
+def _dataset(p: argparse.ArgumentParser, epilog: str) -> None:
+    from envs.tasks.base import SPLITS
+    from orchestra.jobs.conductor import DatasetBuildConfig
+
     dsub = p.add_subparsers(dest="dataset_command", required=True, metavar="SUBCOMMAND")
     q = dsub.add_parser("build", help="trajectory files → dataset (.npz), states re-encoded with the team's encoder")
     add_options(
@@ -41,7 +36,11 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
     q.add_argument("path", help="dataset .npz")
     q.add_argument("--json", action="store_true", help="print as JSON")
 
-    p = sub.add_parser("train", help="train an offline conductor with d3rlpy (bc | fbc | bcq | cql)", epilog=epilog)
+
+def _train(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.conductor import TrainConfig
+    from policies.offline import D3RLPY_ALGOS
+
     add_options(
         p,
         TrainConfig,
@@ -65,7 +64,10 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
 
-    p = sub.add_parser("ope", help="estimate a learned conductor's value from logs alone (d3rlpy FQE)", epilog=epilog)
+
+def _ope(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.conductor import OPEConfig
+
     add_options(
         p,
         OPEConfig,
@@ -73,9 +75,10 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
          Opt("fqe.seed", "--seed")],
     )  # fmt: skip
 
-    p = sub.add_parser(
-        "finetune-conductor", help="refine a conductor online with MaskablePPO behind safety rails", epilog=epilog
-    )
+
+def _conductor_ppo(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.conductor_ppo import ConductorPPOConfig
+
     add_options(
         p,
         ConductorPPOConfig,
@@ -100,7 +103,10 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
     )
     p.add_argument("--out", required=True, help="run directory (checkpoint in OUT/checkpoint)")
 
-    p = sub.add_parser("distill", help="distil a conductor into a readable decision tree", epilog=epilog)
+
+def _distill(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.conductor import DistillJob
+
     add_options(p, DistillJob, ["dataset", "team"])
     add_options(p.add_mutually_exclusive_group(required=True), DistillJob, ["checkpoint", "conductor"])
     add_options(
@@ -110,7 +116,10 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
          Opt("distill.heldout_frac", "--heldout-frac"), Opt("distill.seed", "--seed")],
     )  # fmt: skip
 
-    p = sub.add_parser("reproduce", help="run a documented full-scale experiment", epilog=epilog)
+
+def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.phase1 import ReproduceConfig
+
     rsub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     q = rsub.add_parser("conductor", help="phase 1 at full scale: the table the README quotes")
     add_options(
@@ -124,14 +133,6 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
             *run_options("phase1.run"),
         ],
     )
-    return {
-        "dataset": _cmd_dataset,
-        "train": _cmd_train,
-        "ope": _cmd_ope,
-        "finetune-conductor": _cmd_conductor_ppo,
-        "distill": _cmd_distill,
-        "reproduce": _cmd_reproduce,
-    }
 
 
 def _cmd_dataset(a: argparse.Namespace) -> int:
@@ -142,7 +143,7 @@ def _cmd_dataset(a: argparse.Namespace) -> int:
         s = ConductorDataset.load(a.path).summary()
         print(json.dumps(s, indent=2) if a.json else format_dataset_summary(s))
         return 0
-    from orchestra.jobs.conductor import build_dataset_job
+    from orchestra.jobs.conductor import DatasetBuildConfig, build_dataset_job
 
     _, summary, out = build_dataset_job(build(DatasetBuildConfig, a))
     print(format_dataset_summary(summary))
@@ -151,7 +152,7 @@ def _cmd_dataset(a: argparse.Namespace) -> int:
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from orchestra.jobs.conductor import train_job
+    from orchestra.jobs.conductor import TrainConfig, train_job
 
     cfg = build(TrainConfig, a)
     ds, res = train_job(cfg, progress=not a.quiet)
@@ -166,7 +167,7 @@ def _cmd_train(a: argparse.Namespace) -> int:
 
 
 def _cmd_ope(a: argparse.Namespace) -> int:
-    from orchestra.jobs.conductor import ope_job
+    from orchestra.jobs.conductor import OPEConfig, ope_job
 
     cfg = build(OPEConfig, a)
     res = ope_job(cfg)
@@ -178,7 +179,7 @@ def _cmd_ope(a: argparse.Namespace) -> int:
 
 
 def _cmd_conductor_ppo(a: argparse.Namespace) -> int:
-    from orchestra.jobs.conductor_ppo import train_conductor_ppo
+    from orchestra.jobs.conductor_ppo import ConductorPPOConfig, train_conductor_ppo
 
     run = train_conductor_ppo(build(ConductorPPOConfig, a), a.out)
     print(
@@ -188,7 +189,7 @@ def _cmd_conductor_ppo(a: argparse.Namespace) -> int:
 
 
 def _cmd_distill(a: argparse.Namespace) -> int:
-    from orchestra.jobs.conductor import distill_job
+    from orchestra.jobs.conductor import DistillJob, distill_job
 
     cfg = build(DistillJob, a)
     res = distill_job(cfg)
@@ -201,10 +202,22 @@ def _cmd_distill(a: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(a: argparse.Namespace) -> int:
-    from orchestra.jobs.phase1 import reproduce
+    from orchestra.jobs.phase1 import ReproduceConfig, reproduce
 
     cfg = build(ReproduceConfig(), a)
     reproduce(cfg)
     if cfg.report:
         print(f"report: {cfg.report}")
     return 0
+
+
+COMMANDS = {
+    "dataset": Command("build or inspect an offline dataset of conductor decisions", _dataset, _cmd_dataset),
+    "train": Command("train an offline conductor with d3rlpy (bc | fbc | bcq | cql)", _train, _cmd_train),
+    "ope": Command("estimate a learned conductor's value from logs alone (d3rlpy FQE)", _ope, _cmd_ope),
+    "finetune-conductor": Command(
+        "refine a conductor online with MaskablePPO behind safety rails", _conductor_ppo, _cmd_conductor_ppo
+    ),
+    "distill": Command("distil a conductor into a readable decision tree", _distill, _cmd_distill),
+    "reproduce": Command("run a documented full-scale experiment", _reproduce, _cmd_reproduce),
+}

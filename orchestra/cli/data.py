@@ -5,45 +5,33 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from orchestra.cli.options import Opt, add_options, build
-from orchestra.jobs.evaluate import EvaluateConfig
-from orchestra.jobs.inspect import ExportConfig
-from orchestra.jobs.record import RecordConfig
+from orchestra.cli.options import Command, Opt, add_options, build
 
 
-def run_options(prefix: str = "run", *, num_envs: bool = True) -> list[Opt]:
+def run_options(prefix: str = "run") -> list[str | Opt]:
     """The flags of a :class:`~orchestra.runtime.session.RunOptions` at ``prefix`` (seed, envs, cache, progress)."""
-    opts = [
+    return [
         Opt(f"{prefix}.seed"),
+        Opt(f"{prefix}.num_envs"),
         Opt(f"{prefix}.use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
         Opt(f"{prefix}.cache_path", "--cache"),
         Opt(f"{prefix}.progress", "--quiet", help="no progress bar"),
     ]
-    return [*opts[:1], Opt(f"{prefix}.num_envs"), *opts[1:]] if num_envs else opts
 
 
-def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
-    p = sub.add_parser("record", help="record trajectories of a team under a conductor", epilog=epilog)
-    add_options(
-        p,
-        RecordConfig,
-        [
-            "team",
-            Opt("conductor", help=_CONDUCTOR_HELP),
-            "epsilon",
-            "family",
-            "split",
-            "episodes",
-            "difficulty",
-            *run_options(),
-        ],
-    )
+def _record(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.record import RecordConfig
+
+    opts: list[str | Opt] = ["team", Opt("conductor", help=_CONDUCTOR_HELP), "epsilon", "family", "split", "episodes"]
+    add_options(p, RecordConfig, [*opts, "difficulty", *run_options()])
     p.add_argument("--out", required=True, help="X.jsonl (run files go to X_run/) or a directory")
     p.add_argument("--resume", action="store_true", help="continue a killed recording: no duplicates, no gaps")
 
-    p = sub.add_parser("evaluate", help="compare conductors on the same held-out tasks", epilog=epilog)
+
+def _evaluate(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.evaluate import EvaluateConfig
+
     add_options(
         p,
         EvaluateConfig,
@@ -62,7 +50,10 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
         "recorded episodes are reused)",
     )
 
-    p = sub.add_parser("trajectories", help="inspect and export trajectory files", epilog=epilog)
+
+def _trajectories(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.inspect import ExportConfig
+
     tsub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     q = tsub.add_parser("stats", help="validate files and summarise them (damaged lines are reported)")
     q.add_argument("paths", nargs="+", help="JSONL files or directories")
@@ -74,15 +65,9 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
     q = tsub.add_parser("export", help="export to Parquet")
     add_options(q, ExportConfig, [Opt("path", positional=True), "to", "table"])
 
-    sub.add_parser("teams", help="list the built-in teams")
-    sub.add_parser("families", help="list the task families")
-    return {
-        "record": _cmd_record,
-        "evaluate": _cmd_evaluate,
-        "trajectories": _cmd_trajectories,
-        "teams": _cmd_teams,
-        "families": _cmd_families,
-    }
+
+def _nothing(p: argparse.ArgumentParser, epilog: str) -> None:
+    """A command without options."""
 
 
 _CONDUCTOR_HELP = (
@@ -92,7 +77,7 @@ _CONDUCTOR_HELP = (
 
 
 def _cmd_record(a: argparse.Namespace) -> int:
-    from orchestra.jobs.record import record
+    from orchestra.jobs.record import RecordConfig, record
 
     res = record(build(RecordConfig, a), a.out, resume=a.resume)
     m = res.metrics
@@ -107,7 +92,7 @@ def _cmd_record(a: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(a: argparse.Namespace) -> int:
-    from orchestra.jobs.evaluate import evaluate
+    from orchestra.jobs.evaluate import EvaluateConfig, evaluate
     from orchestra.report.evaluation import format_table
 
     rows, paths = evaluate(build(EvaluateConfig, a), a.out)
@@ -117,7 +102,7 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
 
 
 def _cmd_trajectories(a: argparse.Namespace) -> int:
-    from orchestra.jobs.inspect import export, pick_episode, read_file, read_files
+    from orchestra.jobs.inspect import ExportConfig, export, pick_episode, read_file, read_files
     from orchestra.report.summaries import format_episode, format_stats
 
     if a.action == "export":
@@ -155,3 +140,12 @@ def _cmd_families(a: argparse.Namespace) -> int:
 
     print("\n".join(family_lines()))
     return 0
+
+
+COMMANDS = {
+    "record": Command("record trajectories of a team under a conductor", _record, _cmd_record),
+    "evaluate": Command("compare conductors on the same held-out tasks", _evaluate, _cmd_evaluate),
+    "trajectories": Command("inspect and export trajectory files", _trajectories, _cmd_trajectories),
+    "teams": Command("list the built-in teams", _nothing, _cmd_teams),
+    "families": Command("list the task families", _nothing, _cmd_families),
+}

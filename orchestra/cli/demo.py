@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from orchestra.cli.options import Opt, add_options, build
-from orchestra.jobs.demo import DemoConfig
+from orchestra.cli.options import Command, Opt, add_options, build
 
 
-def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
-    p = sub.add_parser(
-        "demo",
-        help="both phases at demo scale: record, train BC and CQL, evaluate against rule-based conductors (phase 1); "
-        "TeamTR vs baselines on telephone chains and a Stage-0 swap (phase 2)",
-        epilog=epilog,
-    )
+def _demo(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.demo import DemoConfig
+
     add_options(
         p,
         DemoConfig(),
@@ -31,10 +25,19 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
             Opt("phase1.run.progress", "--quiet", help="no progress bars or progress lines"),
         ],
     )
-    return {"demo": _cmd_demo}
 
 
 def _cmd_demo(a: argparse.Namespace) -> int:
-    from orchestra.jobs.demo import run_demo
+    from orchestra.jobs.demo import DemoConfig, run_demo
 
     return run_demo(build(DemoConfig(), a))
+
+
+COMMANDS = {
+    "demo": Command(
+        "both phases at demo scale: record, train BC and CQL, evaluate against rule-based conductors (phase 1); "
+        "TeamTR vs baselines on telephone chains and a Stage-0 swap (phase 2)",
+        _demo,
+        _cmd_demo,
+    )
+}

@@ -57,6 +57,16 @@ class Unset:
 
 
 @dataclass(frozen=True)
+class Command:
+    """One ``orchestra`` command: its line in ``orchestra --help``, what adds its options (given its parser and the
+    epilog), and its handler (the parsed namespace → exit code)."""
+
+    help: str
+    build: Callable[[argparse.ArgumentParser, str], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+@dataclass(frozen=True)
 class Opt:
     """One config field exposed as a flag. Only ``path`` is needed; the rest overrides what the dataclass says."""
 
@@ -329,6 +339,7 @@ def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 __all__ = [
+    "Command",
     "ConfigError",
     "Opt",
     "Unset",

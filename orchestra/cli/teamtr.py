@@ -8,12 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from orchestra.cli.options import ConfigError, Opt, add_options, build, flatten, replace_paths
-from orchestra.jobs.align import AlignChainConfig, AlignLLMConfig
-from orchestra.jobs.bench import BenchJob
-from orchestra.jobs.finetune import GPU_CONFIG, FinetuneConfig
-
-DTYPES = ("float32", "bfloat16", "float16")  # orchestra.teamtr.llm_models.DTYPES (not imported: it imports torch)
+from orchestra.cli.options import Command, ConfigError, Opt, add_options, build, flatten, replace_paths
 
 
 def _say(quiet: bool) -> Callable[[str], None]:
@@ -24,8 +19,9 @@ def _say(quiet: bool) -> Callable[[str], None]:
 # bench
 
 
-def add_bench_parser(sub: Any, epilog: str) -> dict[str, Any]:
-    p = sub.add_parser("bench", help="benchmarks (phase 2: TeamTR on the telephone chain)", epilog=epilog)
+def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.bench import BenchJob
+
     bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
     q = bsub.add_parser(
         "teamtr",
@@ -53,7 +49,6 @@ def add_bench_parser(sub: Any, epilog: str) -> dict[str, Any]:
         ],
     )
     q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
-    return {"bench": _cmd_bench}
 
 
 _WARM_PASS = (
@@ -64,7 +59,7 @@ _NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the non-teamtr schemes
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
-    from orchestra.jobs.bench import run_bench_job
+    from orchestra.jobs.bench import BenchJob, run_bench_job
     from orchestra.teamtr.bench.config import BenchConfig
 
     base = BenchJob(bench=BenchConfig.smoke()) if a.smoke else BenchJob()
@@ -109,9 +104,11 @@ def _team_options(prefix: str) -> list[Opt]:
 
 
 def _model_options(prefix: str) -> list[Opt]:
+    from orchestra.teamtr.llm_models import DTYPES
+
     return [
         Opt(f"{prefix}.model", "--model"),
-        Opt(f"{prefix}.dtype", "--dtype", choices=DTYPES),
+        Opt(f"{prefix}.dtype", "--dtype", choices=tuple(DTYPES)),
         Opt(f"{prefix}.device", "--device"),
         Opt(f"{prefix}.lora_r", "--lora-r"),
         Opt(f"{prefix}.lora_alpha", "--lora-alpha"),
@@ -128,15 +125,10 @@ def _engine_options(prefix: str) -> list[Opt]:
     ]
 
 
-def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
-    """Add ``orchestra finetune`` and ``orchestra align``; returns their handlers."""
-    p = sub.add_parser(
-        "finetune",
-        help="phase 2: fine-tune a team's LLM workers with TeamTR (one LoRA adapter each) under a fixed conductor",
-        description=FINETUNE_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=epilog,
-    )
+def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.finetune import GPU_CONFIG, FinetuneConfig
+
+    p.description, p.formatter_class = FINETUNE_DESCRIPTION, argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="run directory (config, metrics CSV/JSONL, checkpoints/, adapters/)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
@@ -178,14 +170,15 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
         ],
     )
 
-    p = sub.add_parser(
-        "align",
-        help="Stage-0 alignment: swap a worker's model for a newcomer aligned by reverse KL; report the swap shock",
-        description="Replace one worker of a team by a newcomer model. The newcomer is first trained to minimise "
-        "the per-token reverse KL(newcomer ‖ incumbent) on contexts harvested from the current team's rollouts at "
-        "that worker's turns, until it is ≤ δ_0 on held-out contexts. Reports team success before the swap, after a "
-        "direct (unaligned) swap and after the aligned swap.",
-        epilog=epilog,
+
+def _align(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.align import AlignChainConfig, AlignLLMConfig
+
+    p.description = (
+        "Replace one worker of a team by a newcomer model. The newcomer is first trained to minimise the per-token "
+        "reverse KL(newcomer ‖ incumbent) on contexts harvested from the current team's rollouts at that worker's "
+        "turns, until it is ≤ δ_0 on held-out contexts. Reports team success before the swap, after a direct "
+        "(unaligned) swap and after the aligned swap."
     )
     asub = p.add_subparsers(dest="align_mode", required=True, metavar="MODE")
     q = asub.add_parser(
@@ -239,7 +232,6 @@ def add_parsers(sub: Any, epilog: str) -> dict[str, Any]:
         [*_model_options("team")[1:], *_engine_options("team"), Opt("swap.cache_limit_mb", "--cache-limit-mb")],
     )
     _align_options(q, llm)
-    return {"finetune": _cmd_finetune, "align": _cmd_align}
 
 
 ALIGN_LLM_DESCRIPTION = """\
@@ -289,7 +281,7 @@ def _config_file(path: str | None) -> dict[str, Any]:
 
 
 def _cmd_finetune(a: argparse.Namespace) -> int:
-    from orchestra.jobs.finetune import describe, finetune
+    from orchestra.jobs.finetune import FinetuneConfig, describe, finetune
     from orchestra.teamtr.checkpoint import CheckpointError
 
     say = _say(a.quiet)
@@ -314,7 +306,7 @@ def _cmd_finetune(a: argparse.Namespace) -> int:
 
 
 def _cmd_align(a: argparse.Namespace) -> int:
-    from orchestra.jobs.align import align_chain, align_llm
+    from orchestra.jobs.align import AlignChainConfig, AlignLLMConfig, align_chain, align_llm
 
     if a.align_mode == "chain":
         cfg: Any = build(AlignChainConfig(), a)
@@ -329,3 +321,18 @@ def _cmd_align(a: argparse.Namespace) -> int:
     print(res.markdown)
     print("written: " + "  ".join(str(p) for p in res.written))
     return 0
+
+
+BENCH = {"bench": Command("benchmarks (phase 2: TeamTR on the telephone chain)", _bench, _cmd_bench)}
+COMMANDS = {
+    "finetune": Command(
+        "phase 2: fine-tune a team's LLM workers with TeamTR (one LoRA adapter each) under a fixed conductor",
+        _finetune,
+        _cmd_finetune,
+    ),
+    "align": Command(
+        "Stage-0 alignment: swap a worker's model for a newcomer aligned by reverse KL; report the swap shock",
+        _align,
+        _cmd_align,
+    ),
+}

@@ -149,9 +149,11 @@ def _write_config(out: Path, mode: str, **parts: Any) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
 
 
-def _on_check(say: Callable[[str], None], delta_0: float) -> Callable[[dict[str, float]], None]:
+def _on_check(say: Callable[[str], None], delta_0: float, wall_time: bool) -> Callable[[dict[str, float]], None]:
+    """One progress line per KL check (with the wall time for the slow LLM mode)."""
+
     def on_check(row: dict[str, float]) -> None:
-        wall = f", {row['perf/wall_seconds']:.0f} s" if "perf/wall_seconds" in row else ""
+        wall = f", {row['perf/wall_seconds']:.0f} s" if wall_time else ""
         say(
             f"align step {int(row['align/step']):5d}: KL(new‖inc) train {row['kl/train']:.4f} "
             f"held-out {row['kl/heldout']:.4f} (δ_0 {delta_0:g}){wall}"
@@ -209,7 +211,9 @@ def align_chain(cfg: AlignChainConfig) -> AlignResult:
         curve = " → ".join(f"{s['perf/team_success']:.3f}" for s in log.stages)
         say(f"align chain: {cfg.train_stages} TeamTR stages, J {curve} (run: {out / 'incumbent_team'})")
     newcomer = build_chain_newcomer(team_cfg, swap)
-    report = chain_swap_shock(team, swap, align_cfg, newcomer=newcomer, on_check=_on_check(say, align_cfg.delta_0))
+    report = chain_swap_shock(
+        team, swap, align_cfg, newcomer=newcomer, on_check=_on_check(say, align_cfg.delta_0, False)
+    )
     report = dataclasses.replace(report, meta={**report.meta, "total_seconds": time.perf_counter() - t0})
     paths = write_report(report, out, plot=cfg.plot)
     params = (
@@ -254,7 +258,7 @@ def align_llm(cfg: AlignLLMConfig) -> AlignResult:
     out.mkdir(parents=True, exist_ok=True)
     _write_config(out, "llm", align=align_cfg, swap=swap, team=team_cfg, newcomer=new_cfg)
     report = llm_swap_shock(
-        team, swap, align_cfg, newcomer=newcomer, on_check=_on_check(say, align_cfg.delta_0), log=say
+        team, swap, align_cfg, newcomer=newcomer, on_check=_on_check(say, align_cfg.delta_0, True), log=say
     )
     report = dataclasses.replace(report, meta={**report.meta, "total_seconds": time.perf_counter() - t0})
     paths = write_report(report, out, plot=cfg.plot)
