@@ -93,8 +93,11 @@ def test_nothing_cites_a_file_outside_the_repository() -> None:
 
 
 def test_every_docs_citation_points_at_a_section_that_exists() -> None:
-    """``docs/NAME.md §N`` in code and docs names a heading of that document."""
+    """``docs/NAME.md §N`` in code and docs names a heading of that document; so does a bare ``§N`` in a file that
+    declares ``§x.y: sections of docs/NAME.md``."""
     cite = re.compile(r"docs/([\w-]+\.md) §(\d+(?:\.\d+)?)")
+    declared = re.compile(r"§x\.y: sections of docs/([\w-]+\.md)")
+    bare = re.compile(r"(?<!\.md )§(\d+(?:\.\d+)?)")
     headings: dict[str, set[str]] = {}
     for doc in (ROOT / "docs").glob("*.md"):
         text = doc.read_text(encoding="utf-8")
@@ -103,7 +106,13 @@ def test_every_docs_citation_points_at_a_section_that_exists() -> None:
     files += [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
     bad = []
     for f in files:
-        for m in cite.finditer(f.read_text(encoding="utf-8")):
+        text = f.read_text(encoding="utf-8")
+        for m in cite.finditer(text):
             if m.group(2) not in headings.get(m.group(1), set()):
                 bad.append(f"{f.relative_to(ROOT)}: {m.group(0)}")
+        default = declared.search(text)
+        if default is not None:
+            for m in bare.finditer(text):
+                if m.group(1) not in headings[default.group(1)]:
+                    bad.append(f"{f.relative_to(ROOT)}: {m.group(0)} (a section of {default.group(1)})")
     assert bad == []

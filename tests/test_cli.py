@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 def orchestra(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orchestra.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+        [sys.executable, "-m", "orchestra", *args], capture_output=True, text=True, timeout=timeout, env=env
     )
 
 

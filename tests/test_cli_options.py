@@ -190,3 +190,20 @@ def test_help_renders_the_dataclass_defaults() -> None:
     flat = " ".join(out.split())
     assert f"(default: {LLM_CPU_TRAINER.delta})" in flat and f"(default: {LLM_CPU_TRAINER.num_stages})" in flat
     assert "Adam learning rate" in flat  # the doc comment of TeamTRConfig.lr
+
+
+def test_finetune_precedence_defaults_then_config_file_then_flags(tmp_path: Any) -> None:
+    """The documented GPU configuration resolves to valid configs, and a flag given wins over the file."""
+    from orchestra.cli.teamtr import finetune_config
+    from orchestra.jobs.finetune import GPU_CONFIG, FinetuneConfig
+
+    ap, _ = build_parser(only="finetune")
+    cfg = finetune_config(ap.parse_args(["finetune", "--out", "x", "--config", str(GPU_CONFIG), "--stages", "3"]))
+    assert cfg.trainer.num_stages == 3  # the flag
+    assert cfg.trainer.batch_size == 64 and cfg.team.dtype == "bfloat16" and cfg.team.workers == ("solver", "critic")
+    assert cfg.team.pipeline == ("solver:solve", "critic:check", "solver:revise")  # YAML lists become tuples
+    assert cfg.trainer.kl_penalty_coef == FinetuneConfig().trainer.kl_penalty_coef  # untouched: the CPU default
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: {batch_size: 6}\nteam: {group_size: 4}\n")
+    with pytest.raises(ConfigError, match="batch_size 6 must be a multiple of team.group_size 4"):
+        finetune_config(ap.parse_args(["finetune", "--out", "x", "--config", str(bad)]))

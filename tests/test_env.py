@@ -222,6 +222,6 @@ def test_env_id_is_versioned_and_its_history_is_in_the_spec_table() -> None:
     import envs.team_env as team_env
 
     version = re.fullmatch(r"orchestra_team_v(\d+)", team_env.TeamEnv.metadata["name"])
-    assert version is not None and team_env.ENV_ID == team_env.TeamEnv.metadata["name"]
+    assert version is not None and team_env.TeamEnv.metadata["name"] == team_env.ENV_ID
     doc = team_env.__doc__ or ""
     assert f"``{team_env.ENV_ID}``" in doc and f"v{version.group(1)}:" in doc.split("Version history", 1)[1]

@@ -10,10 +10,10 @@ import yaml
 
 from envs.tasks.registry import get_family
 from orchestra.jobs.record import RecordConfig, record
-from orchestra.runtime.session import RunOptions
 from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.llm_conductor import LLMConductor
 from orchestra.runtime.rollout import RolloutEngine, episode_metrics, plan_jobs
+from orchestra.runtime.session import RunOptions
 from orchestra.runtime.team_file import load_team
 from orchestra.runtime.workers import build_workers
 from trajectories import TrajectoryWriter, read_trajectories

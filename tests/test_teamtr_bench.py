@@ -14,8 +14,8 @@ import pytest
 from orchestra.teamtr.bench.analysis import equal_episode_stage, fit_alpha, regression_fraction
 from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_config
 from orchestra.teamtr.bench.run import RUN_FIELDS, run_bench, run_one, trust_counts
-from orchestra.teamtr.config import CHAIN_TRAINER
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
+from orchestra.teamtr.config import CHAIN_TRAINER
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from orchestra.cli.options import Command, ConfigError, Opt, add_options, build, flatten, replace_paths
@@ -274,30 +275,31 @@ def _align_options(q: argparse.ArgumentParser, root: Any) -> None:
     )  # fmt: skip
 
 
-def _config_file(path: str | None) -> dict[str, Any]:
-    from orchestra.jobs.finetune import read_config_file
+def finetune_config(a: argparse.Namespace) -> Any:
+    """``orchestra finetune``'s resolved FinetuneConfig: the CPU defaults, then ``--config FILE``, then the flags given
+    (ConfigError naming the file and field)."""
+    from orchestra.jobs.finetune import FinetuneConfig, read_config_file
 
-    return flatten(read_config_file(path)) if path else {}
+    try:
+        base = FinetuneConfig()
+        if a.config:
+            base = replace_paths(base, flatten(read_config_file(a.config)), where=f"--config {a.config}: ")
+        return build(base, a)
+    except ValueError as e:  # a bad field or value in the file or the flags (the configs' own checks)
+        raise ConfigError(str(e)) from e
 
 
 def _cmd_finetune(a: argparse.Namespace) -> int:
-    from orchestra.jobs.finetune import FinetuneConfig, describe, finetune
+    from orchestra.jobs.finetune import describe, finetune
     from orchestra.teamtr.checkpoint import CheckpointError
 
     say = _say(a.quiet)
-    try:
-        file_layer = _config_file(a.config)
-        base = replace_paths(FinetuneConfig(), file_layer, where=f"--config {a.config}: ") if a.config else None
-        cfg = build(base or FinetuneConfig(), a)
-    except ValueError as e:  # a bad field or value in the file or the flags (the configs' own checks)
-        raise ConfigError(str(e)) from e
+    cfg = finetune_config(a)
     try:
         res = finetune(cfg, a.out, resume=a.resume, say=say)
     except (ValueError, CheckpointError) as e:  # LLMTeamError, ConfigMismatchError, a damaged checkpoint…
         print(f"error: {e}", file=sys.stderr)
         return 2
-    from pathlib import Path
-
     print("\n".join(describe(res, Path(a.out))))
     bad = res.non_finite()
     if bad:

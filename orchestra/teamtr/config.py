@@ -1,5 +1,5 @@
-"""The typed config of a TeamTR run (docs/architecture.md §6: every knob declared with a default and a one-line doc) and its small
-helpers. Imports torch and numpy only; the loop is :mod:`orchestra.teamtr.trainer`."""
+"""The typed config of a TeamTR run (docs/architecture.md §6: every knob declared with a default and a one-line doc),
+its presets and its small helpers. Imports torch and numpy only; the loop is :mod:`orchestra.teamtr.trainer`."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class TeamTRConfig:
     ref_kl_coef: float = 0.0  # coefficient of k3 KL(π_θ‖π_ref) to the adapters at train start; 0 = off
     happo_reduce: Literal["sum", "mean"] = "sum"  # HAPPO per-sequence log-ratio: product (sum) or per-token mean
     happo_max_log_factor: float | None = None  # HAPPO: clip the log factor to [−c, c]; None = off (HARL)
-    certificate_c: float = 1.0  # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (docs/algorithms.md §2.3)
+    # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (docs/algorithms.md §2.3)
+    certificate_c: float = 1.0
     evaluate: bool = True  # log the team's exact success per stage when the team offers it
     seed: int = 0  # rollouts, orders and minibatch shuffles
     keep_checkpoints: int = 2  # run directory: stage checkpoints kept (the newest K; ≥ 1)

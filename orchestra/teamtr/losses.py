@@ -1,11 +1,11 @@
 """TeamTR losses and estimators: pure functions on tensors, the math in plain sight (docs/architecture.md §5–§6).
 
-Formulas and sources: the design notes ``docs/algorithms.md`` (cited as "docs/algorithms.md §x.y" below).
+Formulas and sources: ``docs/algorithms.md`` (§x.y: sections of docs/algorithms.md, cited so below).
 
 Conventions:
 
 * ``B`` = sequences (rollout samples), ``T`` = token positions, ``V`` = vocabulary, ``N`` = samples.
-* ``mask`` (B, T) selects the tokens that carry the loss: the worker's OWN sampled tokens only (docs/algorithms.md §4.5);
+* ``mask`` (B, T) selects the tokens that carry the loss: the worker's OWN sampled tokens only (§4.5);
   prompt, other workers' tokens, tool outputs and padding are 0. Masked positions may hold any finite value.
 * ``logprobs`` are log-probabilities of the sampled token ids under the policy being trained (with grad);
   ``old_logprobs`` under the policy that sampled them (or the frozen pre-update policy π_i^cur); both (B, T).
@@ -53,7 +53,7 @@ def aggregate_loss(
     max_length: int | None = None,
     num_tokens: float | None = None,
 ) -> Tensor:
-    """Reduce per-token losses (B, T) to a scalar (docs/algorithms.md §4.2, verl ``core_algos.py::agg_loss``).
+    """Reduce per-token losses (B, T) to a scalar (§4.2, verl ``core_algos.py::agg_loss``).
 
     With ℓ_{b,t} the per-token loss, m_{b,t} the mask and L_b = Σ_t m_{b,t}:
 
@@ -107,7 +107,7 @@ def sequence_logratio(
 
     ``sum``: Σ_u m_u (log π_new − log π_old)(y_u|s_u), the log-likelihood ratio of the agent's messages in the
     trajectory (HARL ``action_aggregation: prod``); ``mean``: the per-token average (HARL ``mean``, GSPO-like).
-    Feeds :func:`happo_factor` (docs/algorithms.md §3).
+    Feeds :func:`happo_factor` (§3).
     """
     keep = mask.bool()
     diff = torch.where(keep, (logprobs - old_logprobs).detach(), torch.zeros_like(logprobs))  # (B, T)
@@ -118,7 +118,7 @@ def sequence_logratio(
 
 
 def happo_factor(prev_agent_logratios: Tensor, *, max_log_factor: float | None = None) -> Tensor:
-    """HAPPO's product of the earlier-updated agents' ratios, per sequence (docs/algorithms.md §3; Kuba et al. 2022, HARL).
+    """HAPPO's product of the earlier-updated agents' ratios, per sequence (§3; Kuba et al. 2022, HARL).
 
     M(τ) / Â(τ) = Π_{j updated before i} π_j^new(τ)/π_j^old(τ) = exp(Σ_j log-ratio_j(τ)), computed in log space
     and detached (it is a weight, not a path for gradients).
@@ -126,7 +126,7 @@ def happo_factor(prev_agent_logratios: Tensor, *, max_log_factor: float | None =
     Args:
         prev_agent_logratios: (B, J) — column j is :func:`sequence_logratio` of the j-th earlier agent. J = 0
             (the first agent of the order) gives the empty product, all ones.
-        max_log_factor: if set, clip the log factor to [−c, c], i.e. M to [e^−c, e^c] (docs/algorithms.md §3 "consider clipping
+        max_log_factor: if set, clip the log factor to [−c, c], i.e. M to [e^−c, e^c] (§3 "consider clipping
             M"; HARL does not clip). [inferred]
 
     Returns:
@@ -154,13 +154,13 @@ def ppo_clip_loss(
     max_log_ratio: float = 20.0,
 ) -> tuple[Tensor, dict[str, float]]:
     """Token-level PPO-clip surrogate with asymmetric clipping (PPO, arXiv:1707.06347; DAPO Clip-Higher,
-    arXiv:2503.14476; docs/algorithms.md §2.2 step (4), §4.1–§4.2).
+    arXiv:2503.14476; §2.2 step (4), §4.1–§4.2).
 
         r_u = exp(log π_θ(y_u|s_u) − log π_old(y_u|s_u))
         ℓ_u = −min(r_u Â_u, clip(r_u, 1 − ε_low, 1 + ε_high) Â_u)
         L   = aggregate(ℓ, mask)                                  (see :func:`aggregate_loss`)
 
-    With a HAPPO factor M (docs/algorithms.md §3): Â_u ← M_b · Â_u (HARL multiplies ``factor · min(surr1, surr2)``, identical
+    With a HAPPO factor M (§3): Â_u ← M_b · Â_u (HARL multiplies ``factor · min(surr1, surr2)``, identical
     for M > 0). Dual clip (Ye et al. 2020; verl ``clip_ratio_c``, default off here): for Â < 0,
     ℓ_u ← min(ℓ_u, −c Â_u), bounding the loss of a token whose ratio exploded.
 
@@ -183,8 +183,8 @@ def ppo_clip_loss(
     Metrics (over loss tokens): ``losses/policy_loss``, ``losses/clip_fraction`` (tokens whose gradient the clip
     zeroes), ``losses/clip_fraction_low`` (r < 1 − ε_low, Â < 0), ``losses/clip_fraction_high`` (r > 1 + ε_high,
     Â > 0), ``losses/dual_clip_fraction``, ``losses/ratio_mean|min|max``, ``losses/advantage_mean``,
-    ``losses/surrogate_gain`` (mean (r − 1)·Â, docs/algorithms.md §2.3), ``losses/num_tokens``, ``kl/approx_k1`` and
-    ``kl/approx_k3`` (estimates of the per-token KL(π_old‖π_θ), docs/algorithms.md §2.3), and ``losses/happo_factor_mean|max``
+    ``losses/surrogate_gain`` (mean (r − 1)·Â, §2.3), ``losses/num_tokens``, ``kl/approx_k1`` and
+    ``kl/approx_k3`` (estimates of the per-token KL(π_old‖π_θ), §2.3), and ``losses/happo_factor_mean|max``
     when a factor is given.
     """
     if logprobs.shape != old_logprobs.shape or logprobs.shape != mask.shape:
@@ -299,7 +299,7 @@ def grpo_advantages(
     singleton: Literal["raw", "zero"] = "raw",
     max_abs: float | None = None,
 ) -> Tensor:
-    """Group-normalised outcome advantages (GRPO, arXiv:2402.03300; docs/algorithms.md §2.2 step (2), §4.1).
+    """Group-normalised outcome advantages (GRPO, arXiv:2402.03300; §2.2 step (2), §4.1).
 
         Â_k = (R_k − mean_{g(k)} R) / (std_{g(k)} R + eps)        for every sample k of group g (one task, G samples)
 
@@ -314,7 +314,7 @@ def grpo_advantages(
         scale_level: std of the sample's ``group`` (default) or of the whole ``batch`` (TRL ``scale_rewards``).
         eps: added to the std (verl 1e-6, TRL 1e-4).
         singleton: advantage of a one-sample group: ``raw`` = its reward (verl: mean 0, std 1), ``zero`` = 0.
-        max_abs: clip to [−A_max, A_max] ("bounded group-normalised advantages", docs/algorithms.md §2.2; 3 in §2.6). [inferred]
+        max_abs: clip to [−A_max, A_max] ("bounded group-normalised advantages", §2.2; 3 in §2.6). [inferred]
 
     Returns:
         (N,) advantages, same dtype as ``rewards`` (the default float dtype for integer rewards), detached.
@@ -343,7 +343,7 @@ def agentwise_normalise(
     singleton: Literal["raw", "zero"] = "raw",
     max_abs: float | None = None,
 ) -> Tensor:
-    """Dr. MAS agent-wise normalisation (arXiv:2602.08847; docs/algorithms.md §5.1): mean 0 / std 1 within each agent's group.
+    """Dr. MAS agent-wise normalisation (arXiv:2602.08847; §5.1): mean 0 / std 1 within each agent's group.
 
     Dr. MAS (``group_by="task-agent"``, code: ``group_index = f"{uid}_{agent_id}"``) pools all of agent a's
     samples (turns) of task q and normalises with their own statistics:
@@ -352,7 +352,7 @@ def agentwise_normalise(
 
     so an agent with its own reward scale / frequency gets centred advantages, unlike one global (per-task)
     baseline. ``group_by="agent"`` normalises per agent over the whole batch (HARL ``happo.py`` per-agent
-    advantage normalisation, docs/algorithms.md §3 step 2). Same conventions as :func:`grpo_advantages` (unbiased std, equal
+    advantage normalisation, §3 step 2). Same conventions as :func:`grpo_advantages` (unbiased std, equal
     values → exactly 0, singleton rule, optional clip).
 
     Args:
@@ -381,7 +381,7 @@ def agentwise_normalise(
 
 
 def informative_groups(rewards: Tensor, group_ids: Ids) -> Tensor:
-    """(N,) bool: the sample's group has at least two distinct rewards (DAPO dynamic-sampling filter, docs/algorithms.md §4.2:
+    """(N,) bool: the sample's group has at least two distinct rewards (DAPO dynamic-sampling filter, §4.2:
     keep groups with 0 < #correct < G). Singletons count as uninformative."""
     group, num_groups = _group_index(group_ids, device=rewards.device)
     x = rewards.detach().to(torch.float64)
@@ -391,14 +391,14 @@ def informative_groups(rewards: Tensor, group_ids: Ids) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# KL estimators (Schulman, "Approximating KL Divergence", 2020, http://joschu.net/blog/kl-approx.html; docs/algorithms.md §4.3)
+# KL estimators (Schulman, "Approximating KL Divergence", 2020, http://joschu.net/blog/kl-approx.html; §4.3)
 #
 # Convention for every sampled estimator: x ~ q (the SAMPLER), logp = log p(x), logq = log q(x), r = p(x)/q(x);
 # the target is KL(q‖p) = E_q[log q/p]. Element-wise, no reduction (reduce with masked_mean).
-#   * TeamTR trust region (docs/algorithms.md §2.3): samples from π_old = π_i^cur, so kl_k3(logp=new, logq=old) estimates the
+#   * TeamTR trust region (§2.3): samples from π_old = π_i^cur, so kl_k3(logp=new, logq=old) estimates the
 #     per-token D^tok(π_cur‖π_θ).
 #   * KL to a reference model in RLHF/GRPO: samples from π_θ, so kl_k3(logp=ref, logq=logprobs) estimates the
-#     reverse KL(π_θ‖π_ref) (as a differentiable loss its gradient is that of the forward KL, docs/algorithms.md §4.3).
+#     reverse KL(π_θ‖π_ref) (as a differentiable loss its gradient is that of the forward KL, §4.3).
 
 
 def kl_k1(logp: Tensor, logq: Tensor) -> Tensor:
@@ -423,15 +423,15 @@ def kl_k3(logp: Tensor, logq: Tensor, *, max_log_ratio: float | None = None) -> 
 
 
 def kl_swapped_k3(logp: Tensor, logq: Tensor) -> Tensor:
-    """r log r − (r − 1): unbiased, ≥ 0 estimate of the OTHER direction KL(p‖q), still from samples x ~ q (docs/algorithms.md §4.3;
-    the TeamTR constraint's direction is an open question, docs/algorithms.md §2.3, so both are available)."""
+    """r log r − (r − 1): unbiased, ≥ 0 estimate of the OTHER direction KL(p‖q), still from samples x ~ q (§4.3;
+    the TeamTR constraint's direction is an open question, §2.3, so both are available)."""
     log_r = logp - logq
     r = torch.exp(log_r)
     return (r * log_r - torch.expm1(log_r)).clamp(min=0.0)  # clamp: rounding only, the value is ≥ 0 exactly
 
 
 def kl_exact_per_token(logits_p: Tensor, logits_q: Tensor) -> Tensor:
-    """Exact KL(q‖p) = Σ_v q(v) (log q(v) − log p(v)) at each position, over the full vocabulary (docs/algorithms.md §2.3).
+    """Exact KL(q‖p) = Σ_v q(v) (log q(v) − log p(v)) at each position, over the full vocabulary (§2.3).
 
     Same argument convention as the sampled estimators (q = the distribution the expectation is under).
     Zero-probability entries of q (−inf logits) contribute 0.
@@ -450,7 +450,7 @@ def kl_exact_per_token(logits_p: Tensor, logits_q: Tensor) -> Tensor:
 
 
 def kl_exact(logits_p: Tensor, logits_q: Tensor, mask: Tensor) -> Tensor:
-    """Masked mean over positions of the exact per-token KL(q‖p) (zero-variance D^tok of docs/algorithms.md §2.3).
+    """Masked mean over positions of the exact per-token KL(q‖p) (zero-variance D^tok of §2.3).
 
     Args:
         logits_p, logits_q: (B, T, V) logits at the positions that predict each token.
@@ -463,7 +463,7 @@ def kl_exact(logits_p: Tensor, logits_q: Tensor, mask: Tensor) -> Tensor:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# KL penalty coefficient updates (docs/algorithms.md §2.4, option 2 and 3). kl = measured per-token KL, target = δ.
+# KL penalty coefficient updates (§2.4, option 2 and 3). kl = measured per-token KL, target = δ.
 
 
 def adaptive_kl_coef_ppo(

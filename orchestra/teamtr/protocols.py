@@ -1,4 +1,5 @@
-"""What the TeamTR trainer needs from a team: Protocols, not a base class (docs/architecture.md §6). Imports torch only.
+"""What the TeamTR trainer needs from a team: Protocols, not a base class (docs/architecture.md §6). Imports torch
+only.
 
 :class:`RolloutBatch` is B team episodes in the trainer's agent-major layout, :class:`TrainableTeam` the few methods a
 team provides (the telephone chain's adapter: :mod:`orchestra.teamtr.chain_team`), :class:`ConfiguredTeam` the optional

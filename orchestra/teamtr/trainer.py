@@ -1,4 +1,5 @@
-"""TeamTR trainer: per-agent trust-region fine-tuning of a team of LM agents (docs/architecture.md §5; spec = ``docs/algorithms.md``).
+"""TeamTR trainer: per-agent trust-region fine-tuning of a team of LM agents (docs/architecture.md §5; formulas:
+docs/algorithms.md).
 
 One loop, five schemes that differ ONLY in where each update's data comes from (docs/algorithms.md §2.2, §3):
 
@@ -6,14 +7,17 @@ One loop, five schemes that differ ONLY in where each update's data comes from (
 * ``naive``: one rollout batch per stage, reused (stale) for every agent, in turn;
 * ``joint``: one batch, all agents updated at once on the JOINT ratio Π_i r_i(τ) = exp(Σ_i Σ_u log r_{i,u});
 * ``joint_indep``: one batch, all agents updated at once, each on its own ratio (docs/telephone-chain.md: ≡ naive);
-* ``happo``: the naive stale batch, advantage × the product of the ratios of the agents updated earlier (docs/algorithms.md §3).
+* ``happo``: the naive stale batch, advantage × the product of the ratios of the agents updated earlier
+  (docs/algorithms.md §3).
 
 Each update is :func:`update_agents`: PPO-clip epochs on the agent's own tokens (the loss is :func:`team_loss`, one
 hop from the loop) and a per-agent trust region on the per-token KL(π_i^cur ‖ π_i^θ) measured on the update's own
-training batch (docs/algorithms.md §2.3, §2.4): backtracking line search (default), an adaptive penalty, or none.
+training batch (docs/algorithms.md §2.3, §2.4; :mod:`orchestra.teamtr.trust_region`): backtracking line search
+(default), an adaptive penalty, or none.
 
 The trainer is generic over :class:`TrainableTeam` (a Protocol): the telephone chain adapter lives in
-:mod:`orchestra.teamtr.chain_team`; a SmolLM2 team only has to provide the same few methods (:mod:`orchestra.teamtr.protocols`).
+:mod:`orchestra.teamtr.chain_team`; a SmolLM2 team only has to provide the same few methods
+(:mod:`orchestra.teamtr.protocols`).
 Knobs: :mod:`orchestra.teamtr.config`; run directory, metrics files and resumable checkpoints:
 :mod:`orchestra.teamtr.checkpoint`. This module imports torch (and safetensors, through checkpoint) only.
 """
@@ -98,7 +102,8 @@ def team_loss(
     kl_coefs: dict[int, float],
     kl_estimator: KLEstimator,
 ) -> tuple[Tensor, Metrics]:
-    """THE TeamTR loss of one minibatch for the agents being updated (docs/algorithms.md §2.2 step (4), §3, §2.4 option 2).
+    """THE TeamTR loss of one minibatch for the agents being updated (docs/algorithms.md §2.2 step (4), §3, §2.4
+    option 2).
 
     Per agent i (own tokens u, mask m_i; r_u = π_i^θ/π_i^cur):
         L_i = aggregate_u −min(r_u Â, clip(r_u, 1−ε_lo, 1+ε_hi) Â)        (Â × HAPPO factor M for ``happo``)
@@ -148,7 +153,8 @@ def team_loss(
             )  # D̂_i^tok, differentiable
             loss = loss + kl_coefs[i] * kl_i
         if cfg.ref_kl_coef > 0:
-            # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref) (docs/algorithms.md §4.3)
+            # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref)
+            # (docs/algorithms.md §4.3)
             ref_kl = masked_mean(kl_k3(mb_in.ref_logprobs[i], logps[i]), mb.mask[i])
             loss = loss + cfg.ref_kl_coef * ref_kl
     return loss, metrics

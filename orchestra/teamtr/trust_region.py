@@ -22,7 +22,8 @@ def token_kl(
     *,
     logp: Tensor | None = None,
 ) -> Tensor:
-    """D̂_agent^tok(π_cur‖π_θ): per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a scalar tensor.
+    """D̂_agent^tok(π_cur‖π_θ): per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a
+    scalar tensor.
 
     ``old_logprobs`` (B, T): log π_cur of the batch's tokens; ``old_logits`` (B, T, V): π_cur's logits (needed by
     ``exact`` only). The tokens were sampled by π_cur, so k1 / k3 take logq = old, logp = new; exact sums over the
