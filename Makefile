@@ -37,6 +37,7 @@ lint: install
 	$(BIN)/lint-imports --no-cache
 
 bench: install
+	$(BIN)/python benchmarks/record.py
 	$(BIN)/python benchmarks/rollout.py
 
 clean:

@@ -7,7 +7,8 @@ with the machine):
 
 - transformers: one batched ``generate`` of all requests (``max_batch_size`` = n) vs the same
   requests one at a time — tokens/s and the ratio;
-- llama.cpp: tokens/s on the same requests (served one after another by design);
+- llama.cpp: tokens/s on the same requests, served one after another (the serial path; the batched path on recording
+  work: ``benchmarks/record.py``);
 - response cache: replay of the same greedy requests from SQLite vs their generation — the ratio.
 
 Speed is never asserted in tests; this script is where it is measured. Importable: ``run(...)``
@@ -120,7 +121,7 @@ def run(
             f"  ratio batched/single:     {m['perf/hf_batched_over_single']:.2f}x  (greedy outputs identical: {same}/{n_requests})"
         )
 
-    llama = LlamaCppBackend("smollm2")
+    llama = LlamaCppBackend("smollm2", batch_size=1, prefix_cache=0)  # the serial path (batched: benchmarks/record.py)
     llama.generate(requests[:1])  # warm-up
     with tempfile.TemporaryDirectory() as tmp:
         # The first (all-miss) pass through the cache is also the llama.cpp measurement: a miss adds

@@ -13,7 +13,7 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,24 +44,33 @@ def minilm_path() -> Path:
 
 
 class MiniLMEmbedder:
-    """all-MiniLM-L6-v2 on CPU, loaded from disk only (HF_HUB_OFFLINE), with a text→vector memo."""
+    """all-MiniLM-L6-v2 on CPU, loaded from disk only (HF_HUB_OFFLINE), with a text→vector memo.
+
+    The model (and sentence-transformers, a few seconds of imports) loads on the first text that needs a vector,
+    not when the embedder is made: building an env or an encoder costs nothing until an embedding is asked for."""
 
     name = "minilm"
     dim = EMBED_DIM
 
     def __init__(self, cache_size: int = 50_000) -> None:
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-
-        self._model = SentenceTransformer(str(minilm_path()), device="cpu")
+        minilm_path()  # a missing package is reported now, not in the middle of a run
+        self._model: Any = None
         self._memo: dict[str, np.ndarray] = {}
         self._cache_size = cache_size
+
+    def _load(self) -> Any:
+        if self._model is None:
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            self._model = SentenceTransformer(str(minilm_path()), device="cpu")
+        return self._model
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         todo = sorted({t for t in texts if t and t not in self._memo})
         if todo:
-            vecs = self._model.encode(todo, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+            vecs = self._load().encode(todo, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
             if len(self._memo) + len(todo) > self._cache_size:
                 self._memo.clear()
             for t, v in zip(todo, np.asarray(vecs, dtype=np.float32), strict=True):
@@ -106,7 +115,7 @@ class ZeroEmbedder:
 
 @lru_cache(maxsize=4)
 def get_embedder(name: str) -> Embedder:
-    """One shared instance per process and kind (loading MiniLM costs ~1 s)."""
+    """One shared instance per process and kind (MiniLM itself loads on its first use)."""
     if name == "minilm":
         return MiniLMEmbedder()
     if name == "hash":

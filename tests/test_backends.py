@@ -115,9 +115,10 @@ def test_choose_token_rule() -> None:
 # ---------------------------------------------------------------------------------------- llama.cpp
 @pytest.fixture(scope="module")
 def llama() -> Any:
+    """The serial path: one request at a time from an empty KV cache (batched: test_backends_llamacpp.py)."""
     from orchestra.backends.llamacpp import LlamaCppBackend
 
-    return LlamaCppBackend("smollm2", n_ctx=1024)
+    return LlamaCppBackend("smollm2", n_ctx=1024, batch_size=1, prefix_cache=0)
 
 
 @pytest.mark.slow
@@ -154,6 +155,7 @@ def test_llamacpp_sampling_seeded_and_model_shared(llama: Any) -> None:
     assert a == b and a.token_ids != c.token_ids
     assert all(lp <= 0.0 for lp in a.logprobs)
     assert LlamaCppBackend("smollm2", n_ctx=1024)._m is llama._m  # one loaded model per process
+    assert LlamaCppBackend("smollm2", n_ctx=1024, batch_size=1, prefix_cache=0)._streams is llama._streams
 
 
 # ------------------------------------------------------------------------------------- transformers

@@ -71,13 +71,14 @@ def test_record_with_real_smollm2_workers(tmp_path: Path) -> None:
 
 
 def test_batched_engine_equals_one_env_at_a_time(tmp_path: Path) -> None:
-    """Stepping 3 envs at once gives the same episodes as one env at a time (greedy workers)."""
+    """Stepping 3 envs at once gives the same episodes as one env at a time (greedy workers on the serial llama.cpp
+    path, whose outputs do not depend on the batch; the batched path's bound: tests/test_backends_llamacpp.py)."""
     team = load_team(short_team(tmp_path, max_tokens=16))
     family = get_family(team.family)
     tasks = family.generate("test", 3, seed=4)
     out = {}
     for n_envs in (1, 3):
-        workers = build_workers(team, family.tools(), use_cache=False)
+        workers = build_workers(team, family.tools(), use_cache=False, serial=True)
         engine = RolloutEngine(
             team,
             family,

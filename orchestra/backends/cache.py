@@ -34,20 +34,24 @@ CREATE TABLE IF NOT EXISTS responses (
 """
 
 
-def request_key(model_id: str, request: GenerationRequest) -> str:
-    """sha256 of the canonical JSON of (model, messages, parameters, adapter).
+def request_key(model_id: str, request: GenerationRequest, namespace: str = "") -> str:
+    """sha256 of the canonical JSON of (model, messages, parameters, adapter[, namespace]).
 
     Canonical = sorted keys, no whitespace, UTF-8; the key recipe version is part of the hash so an
     old file can never answer under a new recipe. The adapter is part of the key because one base
-    model with two LoRA adapters is two policies.
+    model with two LoRA adapters is two policies. ``namespace`` separates decoding plans of one model
+    whose outputs may round differently (the batched llama.cpp path: ``cache_namespace``); the empty
+    namespace leaves the key as it always was.
     """
-    payload = {
+    payload: dict[str, Any] = {
         "v": SCHEMA_VERSION,
         "model_id": model_id,
         "messages": [[m.role, m.content] for m in request.messages],
         "params": request.params.to_dict(),
         "adapter": request.context.get("adapter"),
     }
+    if namespace:
+        payload["namespace"] = namespace
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
@@ -145,6 +149,7 @@ class CachedBackend:
         self.inner = inner
         self.cache = cache
         self.model_id = inner.model_id
+        self.namespace = str(getattr(inner, "cache_namespace", ""))
         self.hits = 0
         self.misses = 0
         self.bypassed = 0
@@ -165,7 +170,7 @@ class CachedBackend:
                 bypassed += 1
                 todo.append(i)
                 continue
-            key = keys[i] = request_key(self.model_id, request)
+            key = keys[i] = request_key(self.model_id, request, self.namespace)
             hit = self.cache.get(key)
             if hit is not None:
                 hits += 1

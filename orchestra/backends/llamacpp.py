@@ -3,24 +3,26 @@
 Why our own decode loop instead of ``Llama.create_chat_completion``: the high-level call returns
 text (and, with ``logprobs``, per-token strings), not the ids the sampler drew, and its log-probs
 are of the raw logits whatever the temperature and the top-k/min-p truncation its sampler chain
-applies. Phase 2 needs the exact sampled ids and
-their behaviour log-probs, so we evaluate the prompt with ``Llama.eval``, read the last row of logits
-(``llama_get_logits_ith(ctx, -1)``, llama.h) and choose each token ourselves with the rule in
-:mod:`orchestra.backends.sampling`.
+applies. Phase 2 needs the exact sampled ids and their behaviour log-probs, so we evaluate the prompt with
+``llama_decode``, read rows of logits (``llama_get_logits_ith``, llama.h) and choose each token ourselves with
+the rule in :mod:`orchestra.backends.sampling`.
 
 The prompt is the model's own chat template from the GGUF metadata (``tokenizer.chat_template``),
 rendered by llama-cpp-python's ``Jinja2ChatFormatter`` — the same template the transformers backend
 applies, so both backends see the same prompt tokens.
 
-Each request starts from an empty KV cache (``Llama.reset``). Reusing a shared prompt prefix would
-save prompt evaluation, but a prefix evaluated in a different batch shape rounds differently, and a
-greedy completion must not depend on which request ran before it (the response cache relies on it).
+A batch of requests is decoded together on one context (:mod:`orchestra.backends.llamacpp_streams`): up to
+``batch_size`` sequences at once, each in its own KV stream, with the KV of recent prompts kept for reuse
+(``prefix_cache``). ``batch_size=1, prefix_cache=0`` is the serial path: one request after another from an empty
+KV cache, exactly as this backend worked before batching (and as ``llama_cpp.Llama.eval`` evaluates a prompt).
+Batched and serial outputs agree to the bit on the workloads measured (``benchmarks/record.py`` reports the greedy
+agreement); they are not guaranteed to, since a prefix evaluated in another batch may round differently, so the
+response cache keeps them apart (``cache_namespace``).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import threading
 from collections.abc import Sequence
@@ -29,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.backends.base import BackendError, ChatMessage, Completion, FinishReason, GenerationRequest, Usage
+from orchestra.backends.base import BackendError, ChatMessage, Completion, GenerationRequest, Usage
+from orchestra.backends.llamacpp_streams import Job, Stats, Streams
 from orchestra.backends.models import resolve_model
-from orchestra.backends.sampling import choose_token_np, first_stop
 
 # ChatML, used only when a GGUF carries no chat template (SmolLM2's does).
 FALLBACK_TEMPLATE = (
@@ -41,29 +43,24 @@ FALLBACK_TEMPLATE = (
 
 
 class _LoadedModel:
-    """One loaded ``Llama`` plus what every request needs; shared by backends via ``_SHARED``.
+    """One loaded model (a ``Llama`` for its tokenizer and template) and its decoding contexts; shared by backends
+    via ``_SHARED``. The lock serialises requests across all backends that share this model (workers of one team
+    usually do)."""
 
-    A llama.cpp context holds one KV cache, so the lock serialises requests across all backends that
-    share this model (workers of one team usually do).
-    """
-
-    def __init__(self, path: Path, n_ctx: int, n_threads: int) -> None:
+    def __init__(self, path: Path, n_threads: int) -> None:
         import llama_cpp
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         self.path = path
         self.lock = threading.Lock()
         try:
+            # the model, its tokenizer and template; decoding runs on contexts of our own (streams()), so this
+            # object's own context is kept small
             self.llm = llama_cpp.Llama(
-                model_path=str(path),
-                n_ctx=n_ctx,
-                n_threads=n_threads,
-                n_threads_batch=n_threads,
-                verbose=False,
+                model_path=str(path), n_ctx=64, n_threads=n_threads, n_threads_batch=n_threads, verbose=False
             )
         except (ValueError, RuntimeError) as e:
             raise BackendError(f"llama.cpp could not load {str(path)!r}: {e}") from e
-        self.n_ctx = self.llm.n_ctx()
         self.n_vocab = self.llm.n_vocab()
         vocab = llama_cpp.llama_model_get_vocab(self.llm.model)
         # End-of-generation ids (EOS, EOT, <|im_end|>...) as llama.cpp itself decides them.
@@ -77,7 +74,30 @@ class _LoadedModel:
             bos_token=self.llm._model.token_get_text(bos) if bos >= 0 else "",
             add_generation_prompt=True,
         )
-        self._get_logits_ith = llama_cpp.llama_get_logits_ith
+        self._pieces: dict[int, bytes] = {}
+        self._streams: dict[tuple[int, int, int, int], Streams] = {}
+
+    def streams(self, n_ctx: int, n_threads: int, n_live: int, n_prefix: int) -> Streams:
+        """The decoding context of this configuration, created once and shared by the backends that use it."""
+        key = (n_ctx, n_threads, n_live, n_prefix)
+        if key not in self._streams:
+            self._streams[key] = Streams(
+                self.llm.model,
+                n_vocab=self.n_vocab,
+                eog=self.eog,
+                piece=self.piece,
+                n_ctx=n_ctx,
+                n_threads=n_threads,
+                n_live=n_live,
+                n_prefix=n_prefix,
+            )
+        return self._streams[key]
+
+    def close(self) -> None:
+        for streams in self._streams.values():
+            streams.close()
+        self._streams.clear()
+        self.llm.close()
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         chat: list[Any] = [{"role": m.role, "content": m.content} for m in messages]
@@ -86,12 +106,12 @@ class _LoadedModel:
         # exactly as llama-cpp-python's chat handler does (llama_chat_format.py).
         return list(self.llm.tokenize(rendered.prompt.encode("utf-8"), add_bos=False, special=True))
 
-    def last_logits(self) -> np.ndarray:
-        ptr = self._get_logits_ith(self.llm.ctx, -1)
-        if not ptr:
-            raise BackendError("llama.cpp returned no logits")
-        row = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
-        return row.copy()
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (as ``detokenize`` renders it: specials not rendered)."""
+        out = self._pieces.get(token)
+        if out is None:
+            out = self._pieces[token] = bytes(self.llm._model.detokenize([token]))
+        return out
 
     def detok(self, ids: Sequence[int]) -> str:
         return bytes(self.llm.detokenize(list(ids))).decode("utf-8", errors="replace")
@@ -113,7 +133,7 @@ def physical_cores() -> int:
     return max(1, len(cores) or os.cpu_count() or 1)
 
 
-_SHARED: dict[tuple[str, int, int], _LoadedModel] = {}
+_SHARED: dict[tuple[str, int], _LoadedModel] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -123,95 +143,112 @@ def _close_shared() -> None:
     cleanup finds llama_cpp's globals already gone and prints a TypeError traceback."""
     with _SHARED_LOCK:
         for loaded in _SHARED.values():
-            loaded.llm.close()
+            loaded.close()
         _SHARED.clear()
 
 
-def load_shared(path: Path, n_ctx: int, n_threads: int) -> _LoadedModel:
-    """Load a GGUF once per process per (path, n_ctx, n_threads); later calls reuse it."""
-    key = (str(path), n_ctx, n_threads)
+def load_shared(path: Path, n_threads: int) -> _LoadedModel:
+    """Load a GGUF once per process per (path, n_threads); later calls reuse it."""
+    key = (str(path), n_threads)
     with _SHARED_LOCK:
         if key not in _SHARED:
-            _SHARED[key] = _LoadedModel(path, n_ctx, n_threads)
+            _SHARED[key] = _LoadedModel(path, n_threads)
         return _SHARED[key]
 
 
 class LlamaCppBackend:
-    """Serve chat requests with llama.cpp, one after another (a llama.cpp context is one stream).
+    """Serve chat requests with llama.cpp, ``batch_size`` sequences at a time.
 
     Args:
         model: ``"smollm2"`` (the embedded GGUF) or a path to a ``.gguf`` file.
-        n_ctx: context window in tokens (prompt + completion); a longer prompt raises BackendError.
+        n_ctx: context window in tokens per sequence (prompt + completion); a longer prompt raises BackendError.
         n_threads: CPU threads (None = the physical cores, as llama.cpp's own CLI defaults to).
         seed: mixed into each request's seed, so two backends with different seeds sample differently
             while one backend repeats itself for a given request seed.
+        batch_size: sequences decoded at once (the rollout engine hands a backend every pending turn of its envs);
+            1 = the serial path.
+        prefix_cache: recent prompts whose KV is kept to start later prompts from their longest shared prefix
+            (0 = every prompt prefilled from scratch, as in the serial path).
     """
 
     def __init__(
-        self, model: str | os.PathLike[str] = "smollm2", n_ctx: int = 2048, n_threads: int | None = None, seed: int = 0
+        self,
+        model: str | os.PathLike[str] = "smollm2",
+        n_ctx: int = 2048,
+        n_threads: int | None = None,
+        seed: int = 0,
+        batch_size: int = 8,
+        prefix_cache: int = 8,
     ) -> None:
         source = resolve_model(model)
         if source.kind != "gguf":
             raise BackendError(f"llama.cpp needs a .gguf file, got the Hugging Face folder {str(source.path)!r}")
+        if int(batch_size) < 1 or int(prefix_cache) < 0:
+            raise BackendError(f"llama.cpp: need batch_size ≥ 1 and prefix_cache ≥ 0, got {batch_size}, {prefix_cache}")
         self.source = source
         self.seed = int(seed)
         self.model_id = f"llamacpp:{source.name}"
-        self._m = load_shared(source.path, int(n_ctx), int(n_threads) if n_threads else physical_cores())
+        self.n_ctx, self.batch_size, self.prefix_cache = int(n_ctx), int(batch_size), int(prefix_cache)
+        self.n_threads = int(n_threads) if n_threads else physical_cores()
+        self._m = load_shared(source.path, self.n_threads)
+        self._streams = self._m.streams(self.n_ctx, self.n_threads, self.batch_size, self.prefix_cache)
 
     def __repr__(self) -> str:
-        return f"LlamaCppBackend(model={str(self.source.path)!r}, n_ctx={self._m.n_ctx})"
+        return (
+            f"LlamaCppBackend(model={str(self.source.path)!r}, n_ctx={self.n_ctx}, batch_size={self.batch_size}, "
+            f"prefix_cache={self.prefix_cache})"
+        )
+
+    @property
+    def serial(self) -> bool:
+        """One request at a time from an empty KV cache (the path that produced the published tables)."""
+        return self.batch_size == 1 and self.prefix_cache == 0
+
+    @property
+    def cache_namespace(self) -> str:
+        """Response-cache namespace: batched completions are stored apart from serial ones (they may round
+        differently), so a cache never answers one decoding plan with the other's output."""
+        return "" if self.serial else "llamacpp-batched"
 
     @property
     def chat_template(self) -> str:
         return self._m.template
+
+    @property
+    def stats(self) -> Stats:
+        """Prompt tokens served, prefilled and reused, completion tokens and ``llama_decode`` calls so far (shared
+        by the backends on the same context)."""
+        return self._streams.stats
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The prompt token ids for a chat (chat template + generation prompt)."""
         return self._m.prompt_ids(messages)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        return [self._generate_one(r) for r in requests]
-
-    def _generate_one(self, request: GenerationRequest) -> Completion:
-        m, params = self._m, request.params
-        prompt = m.prompt_ids(request.messages)
-        if len(prompt) >= m.n_ctx:
-            raise BackendError(f"prompt of {len(prompt)} tokens does not fit n_ctx={m.n_ctx}")
-        rng = np.random.default_rng([self.seed, params.seed])
-        ids: list[int] = []
-        logprobs: list[float] = []
-        finish: FinishReason = "length"
-        text = ""
+        m = self._m
+        jobs = [
+            Job(m.prompt_ids(r.messages), r.params, np.random.default_rng([self.seed, r.params.seed])) for r in requests
+        ]
         with m.lock:
-            llm = m.llm
-            llm.reset()  # a fresh KV cache per request: output never depends on the previous one
-            llm.eval(prompt)
-            for _ in range(params.max_tokens):
-                token, logprob = choose_token_np(m.last_logits(), params, rng)
-                ids.append(token)
-                logprobs.append(logprob)
-                if token in m.eog:  # the EOS id is kept (it was sampled); the text excludes it
-                    text = m.detok(ids[:-1])
-                    finish = "stop"
-                    break
-                text = m.detok(ids)
-                cut = first_stop(text, params.stop)
-                if cut is not None:  # text is cut before the stop; the ids that produced it are kept
-                    text = text[:cut]
-                    finish = "stop"
-                    break
-                if llm.n_tokens >= m.n_ctx:  # context full: as good as max_tokens
-                    break
-                llm.eval([token])
-        return Completion(
-            text=text,
-            token_ids=tuple(ids),
-            logprobs=tuple(logprobs),
-            finish_reason=finish,
-            usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(ids)),
-            model_id=self.model_id,
-            metadata={},
-        )
+            self._streams.serve(jobs, m.detok)
+        return [
+            Completion(
+                text=job.text,
+                token_ids=tuple(job.ids),
+                logprobs=tuple(job.logprobs),
+                finish_reason=job.finish or "length",
+                usage=Usage(prompt_tokens=len(job.prompt), completion_tokens=len(job.ids)),
+                model_id=self.model_id,
+                metadata={},
+            )
+            for job in jobs
+        ]
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self.model_id, "path": str(self.source.path), "n_ctx": self._m.n_ctx}
+        return {
+            "model_id": self.model_id,
+            "path": str(self.source.path),
+            "n_ctx": self.n_ctx,
+            "batch_size": self.batch_size,
+            "prefix_cache": self.prefix_cache,
+        }

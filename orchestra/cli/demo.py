@@ -23,6 +23,7 @@ def _demo(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("phase1.run.use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
             Opt("phase1.run.cache_path", "--cache"),
             Opt("phase1.run.progress", "--quiet", help="no progress bars or progress lines"),
+            Opt("phase1.run.serial", "--serial"),
         ],
     )
 

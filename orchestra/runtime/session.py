@@ -22,6 +22,9 @@ class RunOptions:
     use_cache: bool = True  # the response cache for temperature-0 calls
     cache_path: str | None = None  # response cache file; None = $ORCHESTRA_CACHE_DIR/responses.sqlite
     progress: bool = True  # progress bars on stderr
+    # llama.cpp workers decode one request at a time from an empty KV cache (batch_size 1, no prefix cache), the
+    # path the published tables were recorded with; default: the team files' batched settings
+    serial: bool = False
 
 
 def resolve_family(team: TeamSpec, family: str | None) -> TaskFamily:
@@ -35,16 +38,22 @@ def resolve_family(team: TeamSpec, family: str | None) -> TaskFamily:
 class Session:
     """A loaded team with its family and workers, reused across the conductors of one job."""
 
-    def __init__(self, team: str, family: str | None, use_cache: bool, cache_path: str | None) -> None:
+    def __init__(
+        self, team: str, family: str | None, use_cache: bool, cache_path: str | None, serial: bool = False
+    ) -> None:
         self.team = load_team(team)
         self.family = resolve_family(self.team, family)
         self.workers: dict[str, Worker] = build_workers(
-            self.team, self.family.tools(), cache_path=Path(cache_path) if cache_path else None, use_cache=use_cache
+            self.team,
+            self.family.tools(),
+            cache_path=Path(cache_path) if cache_path else None,
+            use_cache=use_cache,
+            serial=serial,
         )
 
     @classmethod
     def of(cls, team: str, family: str | None, run: RunOptions) -> Session:
-        return cls(team, family, run.use_cache, run.cache_path)
+        return cls(team, family, run.use_cache, run.cache_path, run.serial)
 
     def backends(self) -> dict[str, Any]:
         return {k: w.backend for k, w in self.workers.items()}

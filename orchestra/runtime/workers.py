@@ -67,14 +67,26 @@ class Worker:
         }
 
 
+SERIAL_LLAMACPP = {"batch_size": 1, "prefix_cache": 0}  # llama.cpp's serial path (orchestra.backends.llamacpp)
+
+
 def build_workers(
-    team: TeamSpec, tools: Mapping[str, Any], *, cache_path: Path | None = None, use_cache: bool = True
+    team: TeamSpec,
+    tools: Mapping[str, Any],
+    *,
+    cache_path: Path | None = None,
+    use_cache: bool = True,
+    serial: bool = False,
 ) -> dict[str, Worker]:
-    """Instantiate each backend once (workers sharing a backend key share the loaded model)."""
+    """Instantiate each backend once (workers sharing a backend key share the loaded model). ``serial``: every
+    llama.cpp backend decodes one request at a time from an empty KV cache, whatever the team file says."""
     cache = ResponseCache(cache_path or default_cache_path()) if use_cache else None
     backends: dict[str, Backend] = {}
     for key, spec in team.backends.items():
-        b = make_backend(dict(spec))
+        fields = dict(spec)
+        if serial and fields.get("type") == "llamacpp":
+            fields.update(SERIAL_LLAMACPP)
+        b = make_backend(fields)
         backends[key] = CachedBackend(b, cache) if cache is not None else b
     tool_backend = ToolBackend(dict(tools))
     workers: dict[str, Worker] = {}
