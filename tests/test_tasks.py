@@ -14,8 +14,8 @@ from envs.tasks.base import Task, TaskFamily, ToolResult, split_of
 from envs.tasks.calculator import CalcError, calculator, evaluate, find_equations
 from envs.tasks.common import Draw, latest_candidate, sample_distinct
 from envs.tasks.extract import extract_marked, extract_number, extract_number_with_rule
-from envs.tasks.jsonl_family import JsonlFamily, JsonlFormatError
 from envs.tasks.registry import FAMILIES, generate_tasks, get_family, tools_for, verify_task
+from envs.tasks.user_data import UserDataError, UserDataFamily
 
 JSONL_LINES = [
     {"question": f"What is {i} plus {i + 1}?", "answer": 2 * i + 1, "difficulty": 1 + i % 2} for i in range(40)
@@ -241,11 +241,12 @@ def test_tools_read_the_latest_non_tool_message() -> None:
 
 
 def test_jsonl_checker(jsonl_path: Path) -> None:
-    fam = JsonlFamily(jsonl_path, name="qa")
+    fam = UserDataFamily(jsonl_path, name="qa")
+    assert fam.format == "qa"
     tasks = {
         t.prompt: t
         for sp in ("train", "test")
-        for t in fam.generate(sp, len([i for i in fam.items if i["split"] == sp]), 0)
+        for t in fam.generate(sp, len([i for i in fam.items if i.split == sp]), 0)
     }
     assert len(tasks) == len(JSONL_LINES)
     paris = tasks["What is the capital of France?"]
@@ -263,7 +264,7 @@ def test_jsonl_checker(jsonl_path: Path) -> None:
     assert fam.verify(sum_task, "3 + 4 = 7").correct and not fam.verify(sum_task, "3 + 4 = 8").correct
     assert tasks["A forced test item"].split == "test"
     assert {t.difficulty for t in fam.generate("train", 10, 0, difficulty=2)} == {2}
-    with pytest.raises(ValueError, match="only"):
+    with pytest.raises(UserDataError, match="1000 test tasks requested, the data holds"):
         fam.generate("test", 1000, 0)
 
 
@@ -282,8 +283,8 @@ def test_jsonl_checker(jsonl_path: Path) -> None:
 def test_jsonl_errors_name_file_and_line(tmp_path: Path, line: str, message: str) -> None:
     p = tmp_path / "bad.jsonl"
     p.write_text('{"question": "ok", "answer": 1, "id": "x1"}\n\n' + line + "\n", encoding="utf-8")
-    with pytest.raises(JsonlFormatError, match=message) as e:
-        JsonlFamily(p)
+    with pytest.raises(UserDataError, match=message) as e:
+        UserDataFamily(p)
     assert f"{p}:3:" in str(e.value)
 
 

@@ -14,15 +14,17 @@ from envs.tasks.arithmetic import ArithmeticFamily
 from envs.tasks.base import Split, Task, TaskFamily, ToolFn, Verdict
 from envs.tasks.blocksworld import BlocksworldFamily
 from envs.tasks.code_synthesis import CodeSynthesisFamily
-from envs.tasks.jsonl_family import JsonlFamily, check_answer
 from envs.tasks.logic_grid import LogicGridFamily
+from envs.tasks.user_data import UserDataFamily, check_item, tools_of
+
+USER_DATA_SOURCES = ("user_data", "jsonl")  # "jsonl": tasks stored before user data took other formats
 
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {
     "arithmetic": ArithmeticFamily,
     "logic_grid": LogicGridFamily,
     "blocksworld": BlocksworldFamily,
     "code_synthesis": CodeSynthesisFamily,
-    "jsonl": JsonlFamily,
+    "jsonl": UserDataFamily,  # a user's data: .jsonl, .parquet or a datasets folder (the CLI's --family FILE)
 }
 
 
@@ -46,8 +48,8 @@ def generate_tasks(
 
 def verify_task(task: Task, text: str) -> Verdict:
     """Verify ``text`` against a task using only the task (its ``family`` name and metadata)."""
-    if task.metadata.get("source") == "jsonl":
-        return check_answer(task, text)
+    if task.metadata.get("source") in USER_DATA_SOURCES:
+        return check_item(task, text)
     if task.family not in FAMILIES or task.family == "jsonl":
         raise KeyError(
             f"cannot verify task {task.id!r}: unknown family {task.family!r} (known: {', '.join(sorted(FAMILIES))})"
@@ -57,8 +59,6 @@ def verify_task(task: Task, text: str) -> Verdict:
 
 def tools_for(task: Task) -> Mapping[str, ToolFn]:
     """The tools of a task's family, built from the task alone (JSONL tasks get the calculator)."""
-    if task.metadata.get("source") == "jsonl":
-        from envs.tasks.calculator import calculator
-
-        return {"calculator": calculator}
+    if task.metadata.get("source") in USER_DATA_SOURCES:
+        return tools_of(task)
     return FAMILIES[task.family]().tools()

@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap, table = build_parser(only=_command_of(argv) or "")
     args = ap.parse_args(argv)
     from envs.tasks.base import Task  # noqa: F401  (fail early with a clear message if the install is broken)
+    from envs.tasks.user_data import UserDataError
     from envs.team_env import IllegalActionError
     from orchestra.backends.base import BackendError
     from orchestra.runtime.team_file import TeamFileError
@@ -67,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return table[args.command].run(args)
     except (
         ConfigError,
+        UserDataError,
         TeamFileError,
         PolicyError,
         DatasetError,

@@ -73,7 +73,10 @@ def family_lines() -> list[str]:
     lines = []
     for name in FAMILIES:
         if name == "jsonl":
-            lines.append(f"{name:16s} your own question/answer data: --family data.jsonl")
+            lines.append(
+                f"{name:16s} your own data (QA, GSM8K, MATH, MBPP, HumanEval): --family data.jsonl | data.parquet | "
+                "a datasets.save_to_disk folder"
+            )
             continue
         fam = get_family(name)
         lines.append(f"{name:16s} difficulties={list(fam.difficulties)} tools={sorted(fam.tools())}")

@@ -30,7 +30,9 @@ class RecordConfig:
     conductor: str
     episodes: int = 20  # number of episodes (tasks) per conductor
     split: Split = "train"  # task split
-    family: str | None = None  # task family (None = the team's), or a .jsonl file of question/answer lines
+    # task family (None = the team's), or a user's data: a .jsonl / .parquet file or a datasets.save_to_disk folder in
+    # the QA, GSM8K, MATH, MBPP or HumanEval convention (envs/tasks/user_data.py)
+    family: str | None = None
     difficulty: int | None = None  # one difficulty level (None = mixed)
     # ε-random exploration: share of decisions replaced by a random legal action (recorded as NAME+epsE)
     epsilon: float = 0.0

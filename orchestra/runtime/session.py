@@ -27,10 +27,21 @@ class RunOptions:
     serial: bool = False
 
 
+def is_user_data(name: str) -> bool:
+    """A ``--family`` that names a user's data: a ``.jsonl`` or ``.parquet`` file, or a ``datasets.save_to_disk``
+    folder (it holds ``dataset_info.json`` or ``dataset_dict.json``; a folder that happens to share a family's name
+    does not count)."""
+    folder = Path(name)
+    return name.endswith((".jsonl", ".parquet")) or any(
+        (folder / marker).is_file() for marker in ("dataset_info.json", "dataset_dict.json")
+    )
+
+
 def resolve_family(team: TeamSpec, family: str | None) -> TaskFamily:
-    """The task family a team runs on: ``family`` (a registered name or a ``.jsonl`` file) or the team's own."""
+    """The task family a team runs on: ``family`` (a registered name, or a user's data: see :func:`is_user_data`)
+    or the team's own."""
     name = family or team.family
-    if name.endswith(".jsonl"):
+    if is_user_data(name):
         return get_family("jsonl", path=name)
     return get_family(name)
 
