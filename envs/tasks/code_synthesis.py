@@ -69,7 +69,9 @@ def extract_code(text: str, name: str) -> str:
     return text
 
 
-_HARNESS = """
+# The program's stdout is the candidate's; results go to the real stdout behind a random nonce, one JSON line each, so
+# the candidate cannot print a fake result and results printed before a timeout still count (:func:`read_results`).
+HARNESS_PRELUDE = """
 import io as _io, json as _json, sys as _sys
 _out = _sys.stdout
 _sys.stdout = _io.StringIO()
@@ -77,7 +79,11 @@ def _emit(obj):
     _out.write("\\n" + {nonce!r} + _json.dumps(obj) + "\\n")
     _out.flush()
 _ns = {{"__name__": "__candidate__"}}
-try:
+"""
+
+_HARNESS = (
+    HARNESS_PRELUDE
+    + """try:
     exec(compile({code!r}, "<candidate>", "exec"), _ns)
 except BaseException as _e:
     _emit({{"error": (type(_e).__name__ + ": " + str(_e))[:300]}})
@@ -94,6 +100,24 @@ for _i, _t in enumerate(_json.loads({tests!r})):
     except BaseException as _e:
         _emit({{"i": _i, "ok": False, "error": (type(_e).__name__ + ": " + str(_e))[:200]}})
 """
+)
+
+
+def read_results(stdout: str, nonce: str) -> tuple[dict[int, dict[str, Any]], str | None]:
+    """The harness's per-test results by index, and its load error (the code did not run), from its stdout."""
+    results: dict[int, dict[str, Any]] = {}
+    load_error = None
+    for line in stdout.splitlines():
+        if line.startswith(nonce):
+            try:
+                obj = json.loads(line[len(nonce) :])
+            except ValueError:
+                continue
+            if "i" in obj:
+                results[int(obj["i"])] = obj
+            else:
+                load_error = obj["error"]
+    return results, load_error
 
 
 @dataclass(frozen=True)
@@ -109,18 +133,7 @@ def run_tests(code: str, name: str, tests: Sequence[Mapping[str, Any]], **limits
     nonce = f"@@result-{secrets.token_hex(8)}@@"
     program = _HARNESS.format(nonce=nonce, code=code, name=name, tests=json.dumps(list(map(dict, tests))))
     res = run_python(program, **limits)
-    results: dict[int, dict[str, Any]] = {}
-    load_error = None
-    for line in res.stdout.splitlines():
-        if line.startswith(nonce):
-            try:
-                obj = json.loads(line[len(nonce) :])
-            except ValueError:
-                continue
-            if "i" in obj:
-                results[int(obj["i"])] = obj
-            else:
-                load_error = obj["error"]
+    results, load_error = read_results(res.stdout, nonce)
     total = len(tests)
     if load_error == "missing":
         return TestReport(0, total, f"The code does not define a function named {name}.")

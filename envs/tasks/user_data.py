@@ -43,7 +43,7 @@ from typing import Any
 
 from envs.tasks.base import SPLITS, Split, Task, ToolFn, ToolResult, Verdict, split_of
 from envs.tasks.calculator import calculator
-from envs.tasks.code_synthesis import extract_code
+from envs.tasks.code_synthesis import HARNESS_PRELUDE, extract_code, read_results
 from envs.tasks.common import content_id, latest_candidate, stable_rng, tool_result
 from envs.tasks.extract import extract_marked, extract_number_with_rule, parse_number
 from envs.tasks.sandbox import run_python
@@ -304,15 +304,9 @@ def _code_item(record: Mapping[str, Any], fmt: str, where: str) -> Item:
 # checking
 
 
-_HARNESS = """
-import io as _io, json as _json, sys as _sys
-_out = _sys.stdout
-_sys.stdout = _io.StringIO()
-def _emit(obj):
-    _out.write("\\n" + {nonce!r} + _json.dumps(obj) + "\\n")
-    _out.flush()
-_ns = {{"__name__": "__candidate__"}}
-try:
+_HARNESS = (
+    HARNESS_PRELUDE
+    + """try:
     exec(compile({setup!r}, "<setup>", "exec"), _ns)
     exec(compile({code!r}, "<candidate>", "exec"), _ns)
 except BaseException as _e:
@@ -327,6 +321,7 @@ for _i, _t in enumerate({tests!r}):
     except BaseException as _e:
         _emit({{"i": _i, "ok": False, "error": type(_e).__name__ + ": " + str(_e)[:200]}})
 """
+)
 
 
 def run_asserts(code: str, tests: Sequence[str], setup: str = "", **limits: Any) -> tuple[int, str | None]:
@@ -336,16 +331,9 @@ def run_asserts(code: str, tests: Sequence[str], setup: str = "", **limits: Any)
 
     nonce = f"@@result-{secrets.token_hex(8)}@@"
     res = run_python(_HARNESS.format(nonce=nonce, setup=setup, code=code, tests=list(tests)), **limits)
-    results: dict[int, dict[str, Any]] = {}
-    for line in res.stdout.splitlines():
-        if line.startswith(nonce):
-            try:
-                obj = json.loads(line[len(nonce) :])
-            except ValueError:
-                continue
-            if "error" in obj and "i" not in obj:
-                return 0, f"The code fails to run: {obj['error']}"
-            results[int(obj["i"])] = obj
+    results, load_error = read_results(res.stdout, nonce)
+    if load_error is not None:
+        return 0, f"The code fails to run: {load_error}"
     passed = sum(1 for r in results.values() if r.get("ok"))
     for i, t in enumerate(tests):
         r = results.get(i)
