@@ -217,3 +217,34 @@ def test_checkpoint_round_trip_and_layout_check(tmp_path: Path, heuristic_data) 
     (tmp_path / "cql" / "model.d3").write_bytes(b"garbage")
     with pytest.raises(PolicyError, match="cannot load the d3rlpy model"):
         load_conductor(tmp_path / "cql", team.env, enc)
+
+
+def test_cql_targets_bootstrap_from_the_best_legal_action(random_data: ConductorDataset) -> None:
+    """The masked-target patch takes effect inside d3rlpy: with the online Q network pushed to prefer an action that
+    is illegal in the next state, DoubleDQN's target (``compute_target``) evaluates the best LEGAL action instead. If
+    d3rlpy stopped routing its target through ``inner_predict_best_action``, the masked and unmasked targets would be
+    equal and this test would fail."""
+    import torch
+
+    from policies.offline import make_algo, mask_target_actions
+
+    cfg = OfflineConfig(algo="cql", n_steps=10, n_steps_per_epoch=10)
+    algo = make_algo(cfg)
+    mdp = random_data.to_mdp(cfg.truncation)
+    algo.build_with_dataset(mdp)
+    impl = algo.impl
+    with torch.no_grad():  # the online network now always rates "good:go" (action 0) highest
+        for q_func in impl._modules.q_funcs:
+            heads = [m for m in q_func.modules() if isinstance(m, torch.nn.Linear) and m.out_features == len(LABELS)]
+            heads[-1].bias[0] += 100.0
+    # next states: budget spent with a candidate (only submit legal), and a fresh state (the workers legal)
+    next_obs = torch.tensor(np.stack([_obs(MAX_TURNS, 0), _obs(0, None)]))
+    batch = type("Batch", (), {"next_observations": next_obs})()
+    unmasked = impl.compute_target(batch).clone()
+    assert impl.inner_predict_best_action(next_obs).tolist() == [0, 0]
+    mask_target_actions(algo, _mask)
+    assert impl.inner_predict_best_action(next_obs).tolist() == [2, 0]  # submit where only submit is legal
+    masked = impl.compute_target(batch)
+    want = impl._targ_q_func_forwarder.compute_target(next_obs, torch.tensor([2, 0]), reduction="min")
+    assert torch.allclose(masked, want) and not torch.allclose(masked[0], unmasked[0])
+    assert torch.allclose(masked[1], unmasked[1])  # where the preferred action is legal, nothing changes
