@@ -111,35 +111,81 @@ def _pairs(conductor: str, successes: Sequence[bool], **kw: object) -> list[Epis
 
 
 BASE = [i % 2 == 0 for i in range(40)]  # 50% success
+N = 160  # tasks in the verdict tests: enough for a non-inferiority verdict at −5 points
+BIG = [i % 2 == 0 for i in range(N)]
 
 
-def test_verdicts_beats_cheaper_worse_and_no_difference() -> None:
-    base = _pairs("heuristic", BASE, turns=4, tokens=400)
-    better = _pairs("bc", [s or i % 4 == 1 for i, s in enumerate(BASE)], turns=4, tokens=400)  # 75%
-    cheaper = _pairs("cql", BASE, turns=1, tokens=380)  # same successes, 75% fewer turns
-    worse = _pairs("ppo", [s and i % 4 == 0 for i, s in enumerate(BASE)], turns=4, tokens=400)  # 25%
-    same = _pairs("dqn", BASE, turns=4, tokens=390)
-    rows = {r.conductor: r for r in paired_comparison(base + better + cheaper + worse + same, n_resamples=500)}
-    assert set(rows) == {"bc", "cql", "ppo", "dqn"}
-    assert all(r.baseline == "heuristic" and r.n_pairs == 40 and not r.rule_based for r in rows.values())
+def _costly(conductor: str, successes: Sequence[bool], turns: int, tokens: int) -> list[Episode]:
+    """Episodes whose token counts vary by task (±20%), so cost ratios have a real interval."""
+    return [
+        make_ep(conductor, i, s, turns=turns, tokens=tokens + (i % 5 - 2) * tokens // 10)
+        for i, s in enumerate(successes)
+    ]
+
+
+def test_verdicts_beats_better_worse_cheaper_non_inferior_and_no_difference() -> None:
+    base = _costly("heuristic", BIG, turns=4, tokens=400)
+    beats = _costly("bc", [s or i % 4 == 1 for i, s in enumerate(BIG)], turns=4, tokens=400)  # 75%
+    better = _costly("fbc", [s or i % 40 == 1 for i, s in enumerate(BIG)], turns=4, tokens=400)  # +2.5 pts
+    # same successes, 75% fewer turns, tokens 5% fewer on average but not task by task
+    cheaper = [make_ep("cql", i, s, turns=1, tokens=380 + (i * 7 % 11 - 5) * 10) for i, s in enumerate(BIG)]
+    worse = _costly("ppo", [s and i % 4 == 0 for i, s in enumerate(BIG)], turns=4, tokens=400)  # 25%
+    same = _costly("dqn", BIG, turns=4, tokens=390)  # same successes, 2.5% fewer tokens
+    # two losses in 50, no win: the case a "success CI contains 0" rule called cheaper
+    few = [make_ep("bcq", i, s and i not in (0, 2), turns=1, tokens=100) for i, s in enumerate(BIG[:50])]
+    rows = {
+        r.conductor: r for r in paired_comparison(base + beats + better + cheaper + worse + same + few, n_resamples=500)
+    }
+    assert set(rows) == {"bc", "fbc", "cql", "ppo", "dqn", "bcq"}
+    assert all(r.baseline == "heuristic" and not r.rule_based for r in rows.values())
     assert rows["bc"].verdict == "beats" and rows["bc"].success_diff == pytest.approx(0.25)
-    assert rows["bc"].success_lo > 0
-    assert rows["cql"].verdict == "cheaper"
-    assert rows["cql"].turns_rel == pytest.approx(-0.75) and rows["cql"].tokens_rel == pytest.approx(-0.05)
-    assert rows["cql"].success_lo == rows["cql"].success_hi == 0.0
-    assert rows["ppo"].verdict == "worse" and rows["ppo"].success_hi < 0
-    assert rows["dqn"].verdict == "no clear difference"
-    assert rows["dqn"].tokens_diff == pytest.approx(-10.0) and rows["dqn"].turns_diff == 0.0
+    assert rows["bc"].wins == 40 and rows["bc"].losses == 0 and rows["bc"].success_lo > 0
+    assert rows["fbc"].wins == 4 and rows["fbc"].verdict in ("non-inferior", "no clear difference")  # 4 wins: p > α
+    assert rows["cql"].verdict == "cheaper" and rows["cql"].turns_ratio == pytest.approx(0.25)
+    assert rows["cql"].turns_ratio_lo == rows["cql"].turns_ratio_hi == pytest.approx(0.25)  # constant turns
+    assert rows["cql"].tokens_ratio_lo < rows["cql"].tokens_ratio < rows["cql"].tokens_ratio_hi
+    assert rows["cql"].success_lo < 0 < rows["cql"].success_hi, "no discordant task still leaves uncertainty"
+    assert rows["ppo"].verdict == "worse" and rows["ppo"].success_hi < 0 and rows["ppo"].mcnemar_p_holm < 0.05
+    assert rows["dqn"].verdict == "non-inferior" and rows["dqn"].tokens_ratio == pytest.approx(390 / 400, abs=0.01)
+    assert rows["bcq"].n_pairs == 50 and (rows["bcq"].wins, rows["bcq"].losses) == (0, 2)
+    assert rows["bcq"].mcnemar_p == pytest.approx(0.5) and rows["bcq"].ni_lower < -0.05
+    assert rows["bcq"].verdict == "no clear difference", (
+        "75% fewer turns does not make an unproven 4-point loss cheaper"
+    )
+    # Holm: adjusted p-values are never below the raw ones, and equal them for the smallest
+    assert all(r.mcnemar_p_holm >= r.mcnemar_p - 1e-15 and r.ni_p_holm >= r.ni_p - 1e-15 for r in rows.values())
+
+
+def test_holm_can_withdraw_a_verdict_that_one_comparison_alone_would_give() -> None:
+    base = _costly("heuristic", BIG, turns=4, tokens=400)
+    # 13 wins, 2 losses: McNemar p ≈ 0.007 alone
+    lucky = [s or i in range(1, 27, 2) for i, s in enumerate(BIG)]
+    lucky = [False if i in (0, 2) else v for i, v in enumerate(lucky)]
+    alone = paired_row(_costly("bc", lucky, turns=4, tokens=400), base, n_resamples=200)
+    assert (alone.wins, alone.losses) == (13, 2) and alone.mcnemar_p < 0.01 and alone.verdict == "beats"
+    others = [_costly(f"c{k}", BIG, turns=4, tokens=400) for k in range(9)]  # nine identical twins of the baseline
+    rows = {
+        r.conductor: r
+        for r in paired_comparison(base + _costly("bc", lucky, 4, 400) + sum(others, []), n_resamples=200)
+    }
+    assert rows["bc"].mcnemar_p == alone.mcnemar_p and rows["bc"].mcnemar_p_holm == pytest.approx(
+        min(1.0, 10 * alone.mcnemar_p)
+    )
+    assert rows["bc"].verdict != "beats"
 
 
 def test_verdict_rule_edges() -> None:
-    assert verdict(0.04, 0.01, 0.08, 0.0, 0.0) == "no clear difference"  # significant but under 5 points
-    assert verdict(0.05, 0.01, 0.09, 0.0, 0.0) == "beats"
-    assert verdict(0.10, 0.0, 0.2, 0.0, 0.0) == "no clear difference"  # the CI touches 0
-    assert verdict(0.10, 0.0, 0.2, -0.3, 0.0) == "cheaper"
-    assert verdict(0.0, -0.1, 0.1, -0.2, -0.25) == "cheaper"
-    assert verdict(0.0, -0.1, 0.1, -0.2, math.nan) == "no clear difference"
-    assert verdict(-0.2, -0.3, -0.01, -0.9, -0.9) == "worse"
+    assert verdict(0.04, 0.01, 0.01) == "better"  # significant but under 5 points
+    assert verdict(0.05, 0.01, 0.01) == "beats"
+    assert verdict(0.10, 0.06, 0.01) == "non-inferior"  # the difference is not significant
+    assert verdict(-0.02, 0.02, 0.01) == "worse"
+    assert verdict(0.0, 1.0, 0.01, 0.7, 0.9) == "cheaper"
+    assert verdict(0.0, 1.0, 0.01, 0.7, 1.05) == "non-inferior", "a ratio whose interval reaches 1 is not cheaper"
+    assert verdict(0.0, 1.0, 0.01, 0.8, 0.9) == "non-inferior", "under 25% lower"
+    assert verdict(0.0, 1.0, 0.01, 1.0, 1.1, 0.75, 0.8) == "cheaper"  # tokens alone
+    assert verdict(0.0, 1.0, 0.2, 0.1, 0.2, 0.1, 0.2) == "no clear difference", "cheap but not shown non-inferior"
+    assert verdict(0.0, 1.0, 0.01, math.nan, math.nan) == "non-inferior"
+    assert verdict(math.nan, math.nan, math.nan) == "no paired tasks"
 
 
 def test_best_rule_based_is_chosen_by_success_then_return() -> None:
@@ -160,14 +206,16 @@ def test_pairs_are_matched_on_task_and_seed() -> None:
     base = _pairs("heuristic", [True, False, True])
     other = [make_ep("bc", 0, True), make_ep("bc", 1, True), make_ep("bc", 2, True, seed=5)]  # task 2: other seed
     row = paired_row(other, base, n_resamples=100)
-    assert row.n_pairs == 2 and row.success_diff == pytest.approx(0.5)
+    assert row.n_pairs == 2 and row.success_diff == pytest.approx(0.5) and (row.wins, row.losses) == (1, 0)
     assert paired_comparison(_pairs("bc", [True, False])) == []  # no rule-based conductor: nothing to compare
 
 
-def test_summary_has_bootstrap_and_wilson_intervals() -> None:
+def test_summary_has_wilson_and_bootstrap_intervals() -> None:
     (row,) = summarize(_pairs("heuristic", BASE, turns=3, tokens=50), n_resamples=300)
-    assert row.success_rate == 0.5 and row.ci_low < 0.5 < row.ci_high
-    assert row.wilson_low < 0.5 < row.wilson_high and row.rule_based
+    assert row.success_rate == 0.5 and row.ci_low < 0.5 < row.ci_high and row.rule_based
+    assert (row.ci_low, row.ci_high) == pytest.approx((0.352, 0.648), abs=1e-3)  # Wilson, 20 of 40
+    (none,) = summarize(_pairs("pipeline", [False] * 40), n_resamples=300)
+    assert none.ci_low == 0.0 and none.ci_high == pytest.approx(0.0876, abs=1e-3), "0% still has an upper bound"
     assert row.turns_ci_low == row.turns_ci_high == 3.0 and row.tokens_ci_low == 50.0
 
 
@@ -200,11 +248,11 @@ def test_mode_collapse_flags_one_dominant_schedule() -> None:
 
 def test_evaluation_report_writes_every_file(tmp_path: Path) -> None:
     eps = (
-        _pairs("heuristic", BASE, turns=4, tokens=400)
-        + _pairs("pipeline", BASE, turns=2, tokens=200)
-        + _pairs("bc", [True] * 40, turns=2, tokens=150)
-        + _pairs("heuristic", BASE, family="logic", turns=3)
-        + _pairs("bc", BASE, family="logic", turns=1)
+        _pairs("heuristic", BIG, turns=4, tokens=400)
+        + _pairs("pipeline", BIG, turns=2, tokens=200)
+        + _pairs("bc", [True] * N, turns=2, tokens=150)
+        + _pairs("heuristic", BIG, family="logic", turns=3)
+        + _pairs("bc", BIG, family="logic", turns=1)
     )
     rows, paired, paths = evaluation_report(eps, tmp_path / "run", title="t", n_resamples=200)
     assert {"csv", "md", "png", "paired_csv", "collapse_csv", "cost_png"} <= set(paths)

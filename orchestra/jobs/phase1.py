@@ -20,6 +20,7 @@ from envs.observation import ObservationEncoder
 from orchestra.jobs.evaluate import EvaluateConfig, evaluate
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report.evaluation import (
+    PAIRED_LEGEND,
     ResultRow,
     format_collapse_table,
     format_paired_table,
@@ -258,11 +259,13 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         f"Held-out tasks per family: {cfg.eval_episodes}; training tasks per source conductor: {cfg.train_episodes}; "
         f"seed {cfg.run.seed}." + (f" Produced by `{command}`." if command else ""),
         "",
-        "## Results (95% bootstrap CIs)",
+        "## Results (success: 95% Wilson interval; return, turns, tokens: 95% bootstrap)",
         "",
         format_table(rows),
         "",
         "## Paired against the best rule-based conductor of each family",
+        "",
+        PAIRED_LEGEND,
         "",
         format_paired_table(paired),
         "",

@@ -1,22 +1,23 @@
-"""Evaluation of conductors on the same held-out tasks: per-conductor summaries with bootstrap CIs,
-paired comparisons against the best rule-based scheduler, and a mode-collapse check.
+"""Evaluation of conductors on the same held-out tasks: per-conductor summaries, paired comparisons
+against the best rule-based scheduler with tests that support each verdict, and a mode-collapse check.
 
 Every conductor runs the same test-split tasks with the same per-episode seeds (paired design), per
-task family, so two conductors' episodes pair up on ``(task.family, task.id, seed)`` and a
-comparison can resample *tasks* (the unit that varies) instead of treating the two samples as
-independent. Output (``write_report`` / ``evaluation_report``): ``results.csv``, ``results.md``
-(main table, paired table, mode-collapse table), ``paired.csv``, ``collapse.csv``, ``success.png``
-and ``cost.png`` in the run directory.
+task family, so two conductors' episodes pair up on ``(task.family, task.id, seed)`` and a comparison
+works on per-*task* differences (the unit that varies) instead of treating the two samples as
+independent. Output (``write_report`` / ``evaluation_report``): ``results.csv``, ``results.md`` (main
+table, paired table, mode-collapse table), ``paired.csv``, ``collapse.csv``, ``success.png`` and
+``cost.png`` in the run directory.
 
-Intervals are 95% percentile-bootstrap intervals (Efron & Tibshirani 1993, "An Introduction to the
-Bootstrap", ch. 13) with a fixed seed, so a report is reproducible to the digit. The Wilson score
-interval of the success rate is kept in the CSV (it behaves better at 0% and 100%, where a
-percentile bootstrap collapses to a point).
+Main table: success with its Wilson interval, the other means with percentile-bootstrap intervals
+(fixed seed, so a report is reproducible to the digit). Paired table (``orchestra.report.stats``):
+exact McNemar for a success difference, the Agresti–Min interval and a one-sided non-inferiority test
+at −5 points, paired BCa intervals of cost ratios, Holm's adjustment across the table's rows.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -25,18 +26,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats as sps
+from statsmodels.stats.proportion import proportion_confint
 
+from orchestra.report import stats
 from orchestra.report.plots import plot_cost, plot_success
 from policies import RULE_BASED
 from trajectories import Episode
 
-N_RESAMPLES = 2000  # bootstrap resamples behind every interval of the report
-CONFIDENCE = 0.95  # two-sided level of every interval
-BEAT_MARGIN = 0.05  # "beats": mean success difference of at least +5 points ...
-CHEAPER_FRACTION = 0.25  # "cheaper": turns or tokens at least 25% lower at no clear success change
+N_RESAMPLES = 2000  # bootstrap resamples behind every bootstrap interval of the report
+ALPHA = stats.ALPHA  # family-wise error rate of each table's tests
+CONFIDENCE = 1 - ALPHA  # two-sided level of every interval
+BEAT_MARGIN = 0.05  # "beats": a significant success difference of at least +5 points
+NI_MARGIN = stats.NI_MARGIN  # "non-inferior" / "cheaper": at most 5 points worse, shown at level ALPHA
+CHEAPER_FRACTION = 0.25  # "cheaper": turns or tokens at least 25% lower, the ratio's CI below 1
 COLLAPSE_SHARE = 0.9  # "collapsed": one action sequence covers at least 90% of the episodes
 
-Stat = Callable[[np.ndarray], float]
+Stat = Callable[..., Any]  # a reduction taking ``axis=``, as np.mean
 
 
 def is_rule_based(conductor: str) -> bool:
@@ -48,15 +54,13 @@ def is_rule_based(conductor: str) -> bool:
 # ----------------------------------------------------------------------------- intervals
 
 
-def wilson_ci(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (good at small n and at 0% / 100%)."""
+def wilson_ci(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+    """Wilson score interval of a success rate (statsmodels); it behaves at 0% and 100%, where a
+    percentile bootstrap collapses to a point. ``(0, 1)`` for no episodes."""
     if n == 0:
         return (0.0, 1.0)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return (max(0.0, centre - half), min(1.0, centre + half))
+    lo, hi = proportion_confint(successes, n, alpha=alpha, method="wilson")
+    return (max(0.0, float(lo)), min(1.0, float(hi)))
 
 
 def bootstrap_ci(
@@ -66,24 +70,26 @@ def bootstrap_ci(
     seed: int = 0,
     confidence: float = CONFIDENCE,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``stat(values)``.
+    """Percentile bootstrap interval of ``stat(values)`` (scipy.stats.bootstrap, resampling episodes).
 
-    Draw ``n_resamples`` samples of size n with replacement, ``θ*_b = stat(values[idx_b])``, and
-    return the ``(1-confidence)/2`` and ``(1+confidence)/2`` quantiles of the θ*. Deterministic for
-    a seed: the resample indices depend only on ``(seed, n, n_resamples)``, so columns of one paired
-    sample bootstrapped with the same seed are resampled on the *same* tasks. Empty input gives
-    ``(nan, nan)``.
-    """
+    ``stat`` takes ``axis=`` (np.mean, np.median, ...). Deterministic for a seed; a constant sample
+    gives a point, empty input ``(nan, nan)``."""
     x = np.asarray(values, dtype=np.float64)  # (n,)
     if x.size == 0:
         return (math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, x.size, size=(n_resamples, x.size))  # (B, n)
-    # (B,) θ* per resample; the mean (the common case) is vectorised
-    thetas = x[idx].mean(axis=1) if stat is np.mean else np.array([stat(x[i]) for i in idx], dtype=np.float64)
-    alpha = (1.0 - confidence) / 2.0
-    lo, hi = np.quantile(thetas, [alpha, 1.0 - alpha])
-    return (float(lo), float(hi))
+    if x.size == 1 or np.ptp(x) == 0:
+        v = float(stat(x, axis=0))
+        return (v, v)
+    res = sps.bootstrap(
+        (x,),
+        stat,
+        vectorized=True,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
 # ----------------------------------------------------------------------------- per-conductor summary
@@ -91,9 +97,10 @@ def bootstrap_ci(
 
 @dataclass(frozen=True)
 class ResultRow:
-    """One (family, team, conductor): means over its episodes with 95% bootstrap intervals.
+    """One (family, team, conductor): means over its episodes with 95% intervals.
 
-    ``ci_low``/``ci_high`` bound the success rate (bootstrap); ``wilson_*`` is the Wilson interval."""
+    ``ci_low``/``ci_high`` bound the success rate (Wilson score interval); return, turns and tokens
+    have percentile-bootstrap intervals over episodes."""
 
     family: str
     team: str
@@ -108,8 +115,6 @@ class ResultRow:
     mean_tokens: float
     truncated_rate: float
     rule_based: bool
-    wilson_low: float
-    wilson_high: float
     return_ci_low: float
     return_ci_high: float
     turns_ci_low: float
@@ -126,7 +131,8 @@ def _group(episodes: Iterable[Episode]) -> dict[tuple[str, str, str], list[Episo
 
 
 def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed: int = 0) -> list[ResultRow]:
-    """One row per (family, team, conductor), sorted, with bootstrap CIs of every mean."""
+    """One row per (family, team, conductor), sorted: success with its Wilson interval, the other
+    means with bootstrap intervals."""
     rows = []
     for (family, team, conductor), eps in _group(episodes).items():
         success = np.array([e.success for e in eps], dtype=np.float64)
@@ -134,8 +140,7 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
         turns = np.array([e.worker_turns for e in eps], dtype=np.float64)
         tokens = np.array([e.total_tokens for e in eps], dtype=np.float64)
         k, n = int(success.sum()), len(eps)
-        s_lo, s_hi = bootstrap_ci(success, n_resamples=n_resamples, seed=seed)
-        w_lo, w_hi = wilson_ci(k, n)
+        s_lo, s_hi = wilson_ci(k, n)
         r_lo, r_hi = bootstrap_ci(ret, n_resamples=n_resamples, seed=seed)
         t_lo, t_hi = bootstrap_ci(turns, n_resamples=n_resamples, seed=seed)
         k_lo, k_hi = bootstrap_ci(tokens, n_resamples=n_resamples, seed=seed)
@@ -154,8 +159,6 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
                 mean_tokens=float(tokens.mean()),
                 truncated_rate=float(np.mean([e.truncated for e in eps])),
                 rule_based=is_rule_based(conductor),
-                wilson_low=w_lo,
-                wilson_high=w_hi,
                 return_ci_low=r_lo,
                 return_ci_high=r_hi,
                 turns_ci_low=t_lo,
@@ -168,7 +171,8 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
 
 
 def format_table(rows: Sequence[ResultRow]) -> str:
-    """A markdown table (readable on screen and in a README); intervals are 95% bootstrap CIs."""
+    """A markdown table (readable on screen and in a README): success with its 95% Wilson interval,
+    return, turns and tokens with 95% bootstrap intervals."""
     head = "| family | conductor | n | success | 95% CI | return | 95% CI | turns | 95% CI | tokens | 95% CI |"
     sep = "|---|---|---:|---:|---|---:|---|---:|---|---:|---|"
     lines = [head, sep]
@@ -208,9 +212,13 @@ def best_rule_based(rows: Sequence[ResultRow]) -> dict[tuple[str, str], str]:
 class PairedRow:
     """``conductor`` − ``baseline`` on the tasks both played (same task id and seed).
 
-    ``*_diff`` is the mean per-task difference, ``*_lo``/``*_hi`` its 95% bootstrap CI over tasks;
-    success is a fraction (×100 = points). ``turns_rel``/``tokens_rel`` are the relative change of
-    the paired means, ``(mean_c − mean_b) / mean_b`` (nan when the baseline spends nothing)."""
+    Success (fractions; ×100 = points): ``success_diff`` is the mean per-task difference,
+    ``success_lo``/``success_hi`` its 95% Agresti–Min interval, ``wins``/``losses`` the discordant
+    tasks, ``mcnemar_p`` the exact McNemar p-value, ``ni_lower`` the one-sided 95% lower bound and
+    ``ni_p`` the p-value of "more than ``NI_MARGIN`` worse"; the ``*_holm`` columns are Holm-adjusted
+    across the rows of one table (a row made alone is its own table). Return: mean difference and t
+    interval. Turns and tokens: ratio of paired means (conductor / baseline) with a paired BCa
+    bootstrap interval (nan when the baseline spends nothing)."""
 
     family: str
     team: str
@@ -223,37 +231,60 @@ class PairedRow:
     success_diff: float
     success_lo: float
     success_hi: float
+    wins: int
+    losses: int
+    mcnemar_p: float
+    mcnemar_p_holm: float
+    ni_lower: float
+    ni_p: float
+    ni_p_holm: float
     return_diff: float
     return_lo: float
     return_hi: float
-    turns_diff: float
-    turns_lo: float
-    turns_hi: float
-    tokens_diff: float
-    tokens_lo: float
-    tokens_hi: float
-    turns_rel: float
-    tokens_rel: float
+    turns_ratio: float
+    turns_ratio_lo: float
+    turns_ratio_hi: float
+    tokens_ratio: float
+    tokens_ratio_lo: float
+    tokens_ratio_hi: float
     verdict: str
 
 
-def verdict(success_diff: float, success_lo: float, success_hi: float, turns_rel: float, tokens_rel: float) -> str:
-    """The acceptance rule of a conductor against the best rule-based one (success as fractions):
+def _cheaper(ratio: float, hi: float) -> bool:
+    return not math.isnan(ratio) and ratio <= 1 - CHEAPER_FRACTION + 1e-12 and hi < 1
 
-    * ``beats``: mean success difference ≥ +5 points and the 95% CI lower bound > 0;
-    * ``worse``: the CI upper bound < 0;
-    * ``cheaper``: the CI contains 0 and turns or tokens are ≥ 25% lower;
-    * ``no clear difference`` otherwise.
+
+def verdict(
+    success_diff: float,
+    mcnemar_p: float,
+    ni_p: float,
+    turns_ratio: float = math.nan,
+    turns_ratio_hi: float = math.nan,
+    tokens_ratio: float = math.nan,
+    tokens_ratio_hi: float = math.nan,
+    alpha: float = ALPHA,
+) -> str:
+    """The acceptance rule of a conductor against the best rule-based one, from Holm-adjusted p-values
+    (success as fractions), the first that applies:
+
+    * ``beats``: McNemar p < α and Δ success ≥ +5 points;
+    * ``better``: McNemar p < α and 0 < Δ success < +5 points;
+    * ``worse``: McNemar p < α and Δ success < 0;
+    * ``cheaper``: non-inferior (p < α for "more than 5 points worse") and turns or tokens at least
+      25% lower, with that ratio's 95% interval below 1;
+    * ``non-inferior``: non-inferior at −5 points, not shown cheaper;
+    * ``no clear difference``: none of these (the data do not tell).
     """
     if math.isnan(success_diff):
         return "no paired tasks"
-    if success_diff >= BEAT_MARGIN - 1e-12 and success_lo > 0:
-        return "beats"
-    if success_hi < 0:
-        return "worse"
-    cheaper = any(not math.isnan(x) and x <= -CHEAPER_FRACTION + 1e-12 for x in (turns_rel, tokens_rel))
-    if success_lo <= 0 <= success_hi and cheaper:
-        return "cheaper"
+    if mcnemar_p < alpha:
+        if success_diff >= BEAT_MARGIN - 1e-12:
+            return "beats"
+        return "better" if success_diff > 0 else "worse"
+    if ni_p < alpha:
+        if _cheaper(turns_ratio, turns_ratio_hi) or _cheaper(tokens_ratio, tokens_ratio_hi):
+            return "cheaper"
+        return "non-inferior"
     return "no clear difference"
 
 
@@ -261,9 +292,17 @@ def _pair_key(e: Episode) -> tuple[str, str, int]:
     return (e.task.family, e.task.id, e.seed)
 
 
-def _rel(c: np.ndarray, b: np.ndarray) -> float:
-    base = float(b.mean()) if b.size else 0.0
-    return (float(c.mean()) - base) / base if base > 0 else math.nan
+def _with_verdict(r: PairedRow, mcnemar_p_holm: float, ni_p_holm: float) -> PairedRow:
+    v = verdict(
+        r.success_diff,
+        mcnemar_p_holm,
+        ni_p_holm,
+        r.turns_ratio,
+        r.turns_ratio_hi,
+        r.tokens_ratio,
+        r.tokens_ratio_hi,
+    )
+    return dataclasses.replace(r, mcnemar_p_holm=mcnemar_p_holm, ni_p_holm=ni_p_holm, verdict=v)
 
 
 def paired_row(
@@ -274,7 +313,8 @@ def paired_row(
 ) -> PairedRow:
     """Compare one conductor's episodes with one baseline's on their common ``(family, task, seed)``.
 
-    A key recorded twice (a resumed run) counts once, its first episode."""
+    A key recorded twice (a resumed run) counts once, its first episode. The row is its own table:
+    its Holm-adjusted p-values are the raw ones (``paired_comparison`` adjusts across rows)."""
     if not episodes or not baseline_episodes:
         raise ValueError("paired_row: both conductors need episodes")
     mine: dict[tuple[str, str, int], Episode] = {}
@@ -290,13 +330,13 @@ def paired_row(
 
     c = cols([mine[k] for k in keys]).reshape(-1, 4)
     b = cols([base[k] for k in keys]).reshape(-1, 4)
-    d = c - b  # (n_pairs, 4) per-task differences
-    # the same seed resamples the same tasks for every column (see bootstrap_ci)
-    cis = [bootstrap_ci(d[:, j], n_resamples=n_resamples, seed=seed) for j in range(4)]
-    means = d.mean(axis=0) if len(keys) else np.full(4, math.nan)
-    turns_rel, tokens_rel = _rel(c[:, 2], b[:, 2]), _rel(c[:, 3], b[:, 3])
+    succ = stats.paired_success(c[:, 0] > 0.5, b[:, 0] > 0.5)
+    mc = stats.mcnemar_exact(c[:, 0] > 0.5, b[:, 0] > 0.5) if keys else stats.McNemar(0, 0, math.nan)
+    ret = stats.paired_mean(c[:, 1], b[:, 1])
+    turns = stats.ratio_ci(c[:, 2], b[:, 2], n_resamples=n_resamples, seed=seed)
+    tokens = stats.ratio_ci(c[:, 3], b[:, 3], n_resamples=n_resamples, seed=seed)
     first = episodes[0]
-    return PairedRow(
+    row = PairedRow(
         family=first.task.family,
         team=first.team.name,
         conductor=first.conductor.name,
@@ -305,22 +345,36 @@ def paired_row(
         n_pairs=len(keys),
         success=float(c[:, 0].mean()) if len(keys) else math.nan,
         baseline_success=float(b[:, 0].mean()) if len(keys) else math.nan,
-        success_diff=float(means[0]),
-        success_lo=cis[0][0],
-        success_hi=cis[0][1],
-        return_diff=float(means[1]),
-        return_lo=cis[1][0],
-        return_hi=cis[1][1],
-        turns_diff=float(means[2]),
-        turns_lo=cis[2][0],
-        turns_hi=cis[2][1],
-        tokens_diff=float(means[3]),
-        tokens_lo=cis[3][0],
-        tokens_hi=cis[3][1],
-        turns_rel=turns_rel,
-        tokens_rel=tokens_rel,
-        verdict=verdict(float(means[0]), cis[0][0], cis[0][1], turns_rel, tokens_rel),
+        success_diff=succ.diff,
+        success_lo=succ.lo,
+        success_hi=succ.hi,
+        wins=mc.wins,
+        losses=mc.losses,
+        mcnemar_p=mc.p,
+        mcnemar_p_holm=mc.p,
+        ni_lower=succ.ni_lower,
+        ni_p=succ.ni_p,
+        ni_p_holm=succ.ni_p,
+        return_diff=ret[0],
+        return_lo=ret[1],
+        return_hi=ret[2],
+        turns_ratio=turns[0],
+        turns_ratio_lo=turns[1],
+        turns_ratio_hi=turns[2],
+        tokens_ratio=tokens[0],
+        tokens_ratio_lo=tokens[1],
+        tokens_ratio_hi=tokens[2],
+        verdict="",
     )
+    return _with_verdict(row, mc.p, succ.ni_p)
+
+
+def adjust(rows: Sequence[PairedRow]) -> list[PairedRow]:
+    """Holm-adjust the McNemar and the non-inferiority p-values across ``rows`` (one table) and
+    recompute each verdict from the adjusted ones."""
+    mc = stats.holm([r.mcnemar_p for r in rows])
+    ni = stats.holm([r.ni_p for r in rows])
+    return [_with_verdict(r, m, n) for r, m, n in zip(rows, mc, ni, strict=True)]
 
 
 def paired_comparison(
@@ -330,7 +384,8 @@ def paired_comparison(
     seed: int = 0,
 ) -> list[PairedRow]:
     """Every conductor (learned first, then the other rule-based ones) against the best rule-based
-    conductor of its (family, team). Families without a rule-based conductor get no rows."""
+    conductor of its (family, team), Holm-adjusted across all the rows returned. Families without a
+    rule-based conductor get no rows."""
     groups = _group(episodes)
     rows = list(rows) if rows is not None else summarize([e for eps in groups.values() for e in eps], n_resamples, seed)
     out = []
@@ -339,30 +394,50 @@ def paired_comparison(
         others.sort(key=lambda c: (is_rule_based(c), c))
         for c in others:
             out.append(paired_row(groups[(family, team, c)], groups[(family, team, baseline)], n_resamples, seed))
-    return out
+    return adjust(out)
 
 
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:+.0f}%"
+def _p(x: float) -> str:
+    if math.isnan(x):
+        return "n/a"
+    return f"{x:.3f}" if x >= 0.001 else "<0.001"
+
+
+def _ratio(x: float, lo: float, hi: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
 def format_paired_table(rows: Sequence[PairedRow]) -> str:
-    """Markdown: differences vs the best rule-based conductor, with 95% bootstrap CIs over tasks."""
+    """Markdown: differences vs the best rule-based conductor on the same tasks, with the tests behind
+    each verdict (p-values Holm-adjusted across the table)."""
     head = (
-        "| family | conductor | vs | pairs | Δ success (pts) | 95% CI | Δ return | 95% CI "
-        "| Δ turns | Δ tokens | turns | tokens | verdict |"
+        "| family | conductor | vs | pairs | Δ success (pts) | 95% CI | W / L | McNemar p | NI bound (pts) | NI p "
+        "| turns ratio [95% CI] | tokens ratio [95% CI] | Δ return [95% CI] | verdict |"
     )
-    sep = "|---|---|---|---:|---:|---|---:|---|---:|---:|---:|---:|---|"
+    sep = "|---|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|---|"
     lines = [head, sep]
     for r in rows:
         lines.append(
             f"| {r.family} | {r.conductor} | {r.baseline} | {r.n_pairs} | {100 * r.success_diff:+.1f} "
-            f"| [{100 * r.success_lo:+.1f}, {100 * r.success_hi:+.1f}] "
-            f"| {r.return_diff:+.3f} | [{r.return_lo:+.3f}, {r.return_hi:+.3f}] "
-            f"| {r.turns_diff:+.2f} | {r.tokens_diff:+.1f} | {_pct(r.turns_rel)} | {_pct(r.tokens_rel)} "
-            f"| **{r.verdict}** |"
+            f"| [{100 * r.success_lo:+.1f}, {100 * r.success_hi:+.1f}] | {r.wins} / {r.losses} "
+            f"| {_p(r.mcnemar_p_holm)} | {100 * r.ni_lower:+.1f} | {_p(r.ni_p_holm)} "
+            f"| {_ratio(r.turns_ratio, r.turns_ratio_lo, r.turns_ratio_hi)} "
+            f"| {_ratio(r.tokens_ratio, r.tokens_ratio_lo, r.tokens_ratio_hi)} "
+            f"| {r.return_diff:+.3f} [{r.return_lo:+.3f}, {r.return_hi:+.3f}] | **{r.verdict}** |"
         )
     return "\n".join(lines)
+
+
+PAIRED_LEGEND = (
+    "Differences are conductor − baseline on the same tasks (task id and seed). Success: Δ with its 95% "
+    "Agresti–Min interval, W / L the tasks only the conductor / only the baseline solved, the exact McNemar "
+    'p-value, the one-sided 95% lower bound of Δ (NI bound) and the p-value of "more than 5 points worse" '
+    "(NI p); both p-values Holm-adjusted across the table's rows. Turns and tokens: conductor / baseline "
+    "ratio of means with a paired BCa bootstrap interval (not adjusted). Verdict, the first that applies: "
+    "**beats** (McNemar p < 0.05, Δ ≥ +5 points), **better** (McNemar p < 0.05, 0 < Δ < +5), **worse** "
+    "(McNemar p < 0.05, Δ < 0), **cheaper** (NI p < 0.05 and a turns or tokens ratio ≤ 0.75 whose interval "
+    "lies below 1), **non-inferior** (NI p < 0.05), **no clear difference** otherwise."
+)
 
 
 # ----------------------------------------------------------------------------- mode collapse
@@ -454,8 +529,8 @@ def _markdown(
 ) -> str:
     parts = [
         f"# {title}",
-        "Intervals: 95% percentile bootstrap over episodes (fixed seed). "
-        "Every conductor played the same tasks with the same seeds.",
+        "Success: 95% Wilson interval; return, turns, tokens: 95% percentile bootstrap over episodes "
+        "(fixed seed). Every conductor played the same tasks with the same seeds.",
         "## Conductors",
         format_table(rows),
         "![success](success.png)\n\n![success vs cost](cost.png)",
@@ -463,10 +538,7 @@ def _markdown(
     if paired:
         parts += [
             "## Paired comparison against the best rule-based conductor",
-            "Differences are conductor − baseline on the same tasks (task id and seed), CIs by resampling "
-            "tasks. Verdict: **beats** if Δ success ≥ +5 points and its CI lower bound > 0; **worse** if the "
-            "CI upper bound < 0; **cheaper** if the CI contains 0 and turns or tokens are ≥ 25% lower; "
-            "otherwise **no clear difference**.",
+            PAIRED_LEGEND,
             format_paired_table(paired),
         ]
     if collapse:
@@ -523,13 +595,17 @@ def evaluation_report(
 
 
 __all__ = [
+    "ALPHA",
     "BEAT_MARGIN",
     "CHEAPER_FRACTION",
+    "NI_MARGIN",
+    "PAIRED_LEGEND",
     "COLLAPSE_SHARE",
     "N_RESAMPLES",
     "CollapseRow",
     "PairedRow",
     "ResultRow",
+    "adjust",
     "best_rule_based",
     "bootstrap_ci",
     "evaluation_report",
