@@ -2,7 +2,9 @@
 
 The encoder reads only the structured state (JSON) that the env exposes and the trajectory store
 records, never the env's internals, so offline datasets can be rebuilt with a changed encoder without
-re-recording (docs/architecture.md §4). The task's answer is never part of the state.
+re-recording (docs/architecture.md §4). The state is a function of the prompt, the transcript and
+the tools' outputs: no answer, no solution-derived metadata, no generation level (tested by the leak
+test, tests/test_leak.py).
 
 Layout (``ObservationEncoder.feature_names()`` gives every name; W workers, K instructions, E = 384):
 
@@ -23,7 +25,6 @@ last_worker_*         W+1    one-hot of the latest speaker (last slot: nobody ye
 last_instr_*          K+1    one-hot of the latest instruction (last slot: none yet)
 turns_*               W      turns taken by each worker / max_turns
 fails_*               W      FAIL verdicts each tool worker gave / max_turns (0 for LLM workers)
-difficulty            1      task difficulty / 5
 prompt_len            1      characters of the task prompt / 1000 (clipped to 1)
 prompt_alpha_frac     1      share of letters among the prompt's non-space characters
 prompt_digit_frac     1      share of digits among them
@@ -110,7 +111,7 @@ class ObservationEncoder:
         names += [f"last_instr_{k}" for k in c.instruction_names] + ["last_instr_none"]
         names += [f"turns_{w}" for w in c.worker_names]
         names += [f"fails_{w}" for w in c.worker_names]
-        names += ["difficulty", "prompt_len", "prompt_alpha_frac", "prompt_digit_frac", "prompt_symbol_frac"]
+        names += ["prompt_len", "prompt_alpha_frac", "prompt_digit_frac", "prompt_symbol_frac"]
         d = self.embedder.dim
         names += [f"emb_task_{i}" for i in range(d)]
         for j in range(1, c.recent_messages + 1):
@@ -200,7 +201,6 @@ class ObservationEncoder:
             sum(1 for m in transcript if m["worker"] == w and m.get("verdict") == "fail") / max_turns
             for w in c.worker_names
         ]
-        v += [float(state["task"].get("difficulty", 1)) / 5.0]
         v += prompt_surface(state["task"]["prompt"])
         return np.asarray(v, dtype=np.float32)
 

@@ -144,9 +144,7 @@ class TeamEnv(AECEnv):
                 "id": t.id,
                 "family": t.family,
                 "split": t.split,
-                "prompt": t.prompt,
-                "difficulty": t.difficulty,
-                "kind": t.metadata.get("kind"),
+                "prompt": t.prompt,  # the state holds the prompt, never the answer or solution-derived metadata
             },
             "turn": self.turn,
             "max_turns": self.config.max_turns,

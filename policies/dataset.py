@@ -89,7 +89,6 @@ class EpisodeInfo:
     family: str
     split: str
     task_id: str
-    task_kind: str | None
     success: bool
     return_: float
     truncated: bool
@@ -450,7 +449,6 @@ def build_dataset(
                 family=e.task.family,
                 split=e.task.split,
                 task_id=e.task.id,
-                task_kind=e.metadata.get("task_kind"),
                 success=e.success,
                 return_=ret,
                 truncated=bool(e.truncated and not e.terminated),

@@ -1,4 +1,4 @@
-"""Offline conductor learning with d3rlpy: DiscreteBC, filtered BC, DiscreteBCQ, DiscreteCQL, and
+"""Offline conductor learning with d3rlpy: DiscreteBC, filtered BC, DQN, DoubleDQN, DiscreteBCQ, DiscreteCQL, and
 off-policy evaluation with DiscreteFQE. The algorithms are d3rlpy's own; this module builds them from
 a typed config, trains them on a :class:`~policies.dataset.ConductorDataset`, and wraps the result as
 a conductor that respects the action mask.
@@ -11,9 +11,11 @@ illegal action is never emitted:
   episodes, as in "%BC", Chen et al. 2021).
 * BCQ (Fujimoto et al. 2019, discrete version): the Q-values restricted to legal actions whose
   imitator probability is at least ``action_flexibility`` times that of the most likely *legal* action.
+* DQN (Mnih et al. 2015), DoubleDQN (van Hasselt et al. 2016): the Q-values, no conservatism (the
+  baselines that show what CQL's penalty buys on logs this small).
 * CQL (Kumar et al. 2020): the Q-values.
 
-The same holds for CQL's bootstrap target: d3rlpy's DoubleDQN target takes the argmax over *all*
+The same holds for the DoubleDQN and CQL bootstrap target: d3rlpy's DoubleDQN target takes the argmax over *all*
 next actions, and actions that are never legal (never in the data) then inflate the values they are
 bootstrapped into. With ``masked_targets`` (default) the target's next action is the best legal one,
 the mask read off the next observation (``ConductorDataset.legal_mask``).
@@ -41,7 +43,8 @@ from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
 
-D3RLPY_ALGOS = ("bc", "fbc", "bcq", "cql")
+D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
+Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone
 MODEL_FILE = "model.d3"
 
 
@@ -49,23 +52,27 @@ MODEL_FILE = "model.d3"
 class OfflineConfig:
     """Every knob of an offline training run (written into the run directory and checkpoint)."""
 
-    algo: str = "cql"  # bc | fbc (filtered BC: successful episodes only) | bcq | cql
+    # bc | fbc (filtered BC: successful episodes only) | dqn | ddqn (DoubleDQN; no conservatism) | bcq | cql
+    algo: str = "cql"
     n_steps: int = 4000  # gradient steps
     n_steps_per_epoch: int = 500  # steps between metric rows and checkpoints
     batch_size: int = 64  # minibatch size
     learning_rate: float = 3e-4  # Adam step size
     hidden_units: tuple[int, ...] = (128, 128)  # MLP encoder widths
     gamma: float = 0.99  # discount (episodes last a handful of decisions)
-    target_update_interval: int = 200  # steps between target-network syncs (BCQ, CQL)
+    target_update_interval: int = 200  # steps between target-network syncs (DQN, DoubleDQN, BCQ, CQL)
     cql_alpha: float = 1.0  # CQL conservatism weight (logsumexp Q − Q(s, a_data))
-    n_critics: int = 1  # Q-network ensemble size (BCQ, CQL); targets take the ensemble minimum
+    n_critics: int = 1  # Q-network ensemble size (DQN, DoubleDQN, BCQ, CQL); targets take the ensemble minimum
     bcq_action_flexibility: float = 0.3  # BCQ: keep actions with p(a|s) ≥ this × max_a p(a|s)
     bc_beta: float = 0.5  # BC / BCQ imitator logit-norm regulariser (d3rlpy's beta)
     fbc_min_return: float | None = None  # filtered BC: also keep episodes with at least this return
     truncation: Truncation = "terminal"  # spent turn budget: terminal (default) or bootstrap
-    masked_targets: bool = True  # CQL: bootstrap from the best *legal* next action (module doc)
+    # DoubleDQN, CQL: bootstrap from the best *legal* next action (module doc). DQN's target is d3rlpy's
+    # max over all actions of the target network, with no hook to mask it: plain DQN, unmasked
+    masked_targets: bool = True
     features: FeatureSet = "structural"  # observation columns the network sees: structural | all
     seed: int = 0  # torch / numpy / d3rlpy seed
+    keep_epochs: bool = False  # also keep every epoch's checkpoint in epochs/N/ (policies for OPE model selection)
     torch_threads: int = 1  # small MLPs: one thread is many times faster than two on a busy 2-core box
 
     def __post_init__(self) -> None:
@@ -106,6 +113,16 @@ def make_algo(cfg: OfflineConfig) -> Any:
             action_flexibility=cfg.bcq_action_flexibility,
             n_critics=cfg.n_critics,
             beta=cfg.bc_beta,
+            target_update_interval=cfg.target_update_interval,
+        ).create(device=False)
+    if cfg.algo in ("dqn", "ddqn"):
+        kind = d3rlpy.algos.DQNConfig if cfg.algo == "dqn" else d3rlpy.algos.DoubleDQNConfig
+        return kind(
+            batch_size=cfg.batch_size,
+            learning_rate=cfg.learning_rate,
+            encoder_factory=enc,
+            gamma=cfg.gamma,
+            n_critics=cfg.n_critics,
             target_update_interval=cfg.target_update_interval,
         ).create(device=False)
     return d3rlpy.algos.DiscreteCQLConfig(
@@ -152,7 +169,7 @@ def action_scores(algo: Any, kind: str, observations: np.ndarray, masks: np.ndar
             best = logp.max(dim=1, keepdim=True).values
             keep = (logp - best) >= math.log(algo.config.action_flexibility)
             scores = q.masked_fill(~keep, -math.inf)
-        elif kind == "cql":
+        elif kind in Q_ALGOS:
             scores = impl._q_func_forwarder.compute_expected_q(x)
         else:
             raise PolicyError(f"unknown algo {kind!r}")
@@ -300,9 +317,11 @@ def train_offline(
     def epoch_end(a: Any, epoch: int, step: int) -> None:
         agree[epoch] = agreement(conductor, ds)
         conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
+        if cfg.keep_epochs:
+            conductor.save(out / "epochs" / str(epoch))
 
     mdp = data.to_mdp(cfg.truncation)
-    if cfg.algo == "cql" and cfg.masked_targets:
+    if cfg.algo in ("ddqn", "cql") and cfg.masked_targets:
         algo.build_with_dataset(mdp)
         mask_target_actions(algo, data.legal_mask)
     try:
@@ -409,11 +428,14 @@ def fqe_evaluate(
     mask_fn: Callable[[np.ndarray], np.ndarray],
     cfg: FQEConfig | None = None,
     progress: bool = False,
+    initial: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> FQEResult:
     """Estimate the value of ``policy`` from the logged data ``ds`` with d3rlpy's DiscreteFQE.
 
     ``mask_fn`` maps observations to legal masks (``ObservationEncoder.legal_mask``). The estimate is
-    the mean of ``Q_fqe(s0, π(s0))`` over the logged initial states."""
+    the mean of ``Q_fqe(s0, π(s0))`` over the logged initial states, or over ``initial`` = (observations,
+    masks) in the full feature layout: the initial states of the tasks the policy's return is measured
+    on, so that estimate and measurement share one initial-state distribution."""
     import d3rlpy
     import torch
     from d3rlpy.logging import NoopAdapterFactory
@@ -423,6 +445,7 @@ def fqe_evaluate(
 
     cfg = cfg or FQEConfig()
     full = ds
+    asked = policy
     ds = ds.select_features(cfg.features)
     cols = np.asarray(feature_columns(full.feature_names, cfg.features))
     if len(cols) != len(full.feature_names):
@@ -465,9 +488,14 @@ def fqe_evaluate(
         )
     finally:
         torch.set_num_threads(threads)
-    first = np.array([np.flatnonzero(ds.episode_index == e)[0] for e in range(len(ds.episodes))])
-    s0, m0 = ds.observations[first], ds.masks[first]
-    a0 = np.asarray(policy(s0, m0), dtype=np.int64)
+    if initial is not None:
+        s0_full, m0 = np.atleast_2d(np.asarray(initial[0], np.float32)), np.atleast_2d(initial[1])
+        a0 = np.asarray(asked(s0_full, m0), dtype=np.int64)
+        s0 = s0_full[:, cols]
+    else:
+        first = np.array([np.flatnonzero(ds.episode_index == e)[0] for e in range(len(ds.episodes))])
+        s0, m0 = ds.observations[first], ds.masks[first]
+        a0 = np.asarray(policy(s0, m0), dtype=np.int64)
     values = fqe.predict_value(s0, a0)
     metrics = [{"epoch": ep, **{f"losses/{k}": float(v) for k, v in d.items()}} for ep, d in history]
     return FQEResult(

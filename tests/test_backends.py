@@ -7,6 +7,7 @@ Tests that load SmolLM2 are marked ``slow`` (they still run in the default suite
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Sequence
@@ -329,8 +330,41 @@ def test_cache_hit_miss_and_one_batched_call(tmp_path: Path) -> None:
     assert other.generate([chat("new2")])[0].cached and other.inner.calls == []  # type: ignore[attr-defined]
 
 
+class SeededBackend(CountingBackend):
+    """A fake backend that samples from (its seed, the request's seed), as llama.cpp does."""
+
+    seeded_sampling = True
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.seed = seed
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        out = super().generate(requests)
+        return [
+            dataclasses.replace(c, text=f"{c.text}|{self.seed}|{r.params.seed}")
+            for c, r in zip(out, requests, strict=True)
+        ]
+
+
+def test_cache_stores_seeded_samples_under_both_seeds(tmp_path: Path) -> None:
+    cache = ResponseCache(tmp_path / "c.sqlite")
+    inner = SeededBackend(seed=0)
+    cached = CachedBackend(inner, cache)
+    reqs = [chat("abc", temperature=0.7, seed=s) for s in (1, 2)]
+    first = cached.generate(reqs)
+    again = cached.generate(reqs)
+    assert inner.calls == [2] and cached.hits == 2 and [c.text for c in again] == [c.text for c in first]
+    assert first[0].text != first[1].text  # another request seed is another sample, never a hit
+    other = CachedBackend(SeededBackend(seed=5), cache)  # another backend seed: its own samples
+    assert [c.text for c in other.generate(reqs)] == ["cba|5|1", "cba|5|2"] and other.hits == 0
+    greedy = CachedBackend(SeededBackend(seed=5), cache)  # greedy keys do not depend on the backend seed
+    greedy.generate([chat("xyz")])
+    assert CachedBackend(SeededBackend(seed=9), cache).generate([chat("xyz")])[0].cached
+
+
 def test_cache_never_stores_sampled_or_tool_requests(tmp_path: Path) -> None:
-    inner = CountingBackend()
+    inner = CountingBackend()  # no seeded_sampling (an HTTP server's seed is not ours to vouch for)
     cache = ResponseCache(tmp_path / "c.sqlite")
     cached = CachedBackend(inner, cache)
     for _ in range(2):
@@ -390,8 +424,10 @@ def test_cache_replays_real_smollm2(tmp_path: Path, llama: Any) -> None:
 
 # -------------------------------------------------------------------------------------------- tools
 def echo_answer(task: Task, transcript: Sequence[Any]) -> ToolResult:
+    assert task.answer == "", "a tool gets the task's public view"
     last = transcript[-1]["text"] if transcript else ""
-    ok = last.strip() == task.answer
+    a, b = task.prompt.rstrip("?").split("+")
+    ok = last.strip() == str(int(a) + int(b))
     return ToolResult(text=f"checked {last!r}: {'correct' if ok else 'wrong'}", verdict="pass" if ok else "fail")
 
 

@@ -91,7 +91,7 @@ def test_d3rlpy_boundaries_terminal_timeout_and_final_observation() -> None:
     from policies.dataset import EpisodeInfo
 
     ds = _ds([True, False], [True, True])  # episode 0: terminal AND timeout on one step; 1: timeout only
-    ds.episodes = [EpisodeInfo(str(i), "c", "f", "train", str(i), None, False, 1.0, False, 1) for i in range(2)]
+    ds.episodes = [EpisodeInfo(str(i), "c", "f", "train", str(i), False, 1.0, False, 1) for i in range(2)]
     boot = ds.mdp_arrays("bootstrap")
     # terminal wins over timeout; the timeout episode gets its final observation as an extra row
     assert boot["terminals"].tolist() == [1.0, 0.0, 0.0]

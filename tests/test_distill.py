@@ -89,14 +89,16 @@ def play(make: Callable[[], ConductorPolicy], n: int = 40) -> Rows:
 
 @pytest.fixture(scope="module")
 def heuristic_rows() -> Rows:
-    rules = HeuristicRules(**TEAM.conductors["heuristic"])
+    # one revision: the depth-4 tree then has every decision the rules make (two need a count of FAILs)
+    rules = HeuristicRules(**{**TEAM.conductors["heuristic"], "max_revisions": 1})
     return play(lambda: HeuristicConductor(CFG, rules))
 
 
 def test_tree_reproduces_the_heuristic_conductor(heuristic_rows: Rows, tmp_path: Path) -> None:
     d = heuristic_rows
     assert {LABELS[a] for a in d.actions} == {"solver:solve", "calculator:check", "solver:revise", "submit"}
-    rules = HeuristicRules(**TEAM.conductors["heuristic"])
+    # one revision: the depth-4 tree then has every decision the rules make (two need a count of FAILs)
+    rules = HeuristicRules(**{**TEAM.conductors["heuristic"], "max_revisions": 1})
     replay = labels_from_conductor(HeuristicConductor(CFG, rules), d.obs, d.masks, d.states, d.episode)
     np.testing.assert_array_equal(replay, d.actions)
 

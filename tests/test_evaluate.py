@@ -23,6 +23,7 @@ from orchestra.report.evaluation import (
     verdict,
     write_report,
 )
+from policies import RULE_BASED
 from trajectories import SCHEMA_VERSION, Action, ConductorRef, Episode, Message, Reward, Step, TaskRef, TeamRef
 
 WORKERS = ("solver", "critic")
@@ -65,7 +66,7 @@ def make_ep(
         run_id="r",
         task=TaskRef(id=f"{family}-{task:05d}", family=family, split="test", seed=task, difficulty=1),
         team=TeamRef(name="duo", workers=list(WORKERS), model_ids={}, prompt_versions={}),
-        conductor=ConductorRef(name=conductor),
+        conductor=ConductorRef(name=conductor, checkpoint=None if conductor in RULE_BASED else f"runs/{conductor}"),
         seed=1000 + task if seed is None else seed,
         steps=steps,
         return_=(1.0 if success else 0.0) if ret is None else ret,

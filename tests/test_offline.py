@@ -66,7 +66,7 @@ def synthetic(n_episodes: int, seed: int, policy=None) -> ConductorDataset:  # t
             term.append(float(done)), tout.append(0.0)
             ret += r
         finals.append(_obs(turn, latest))
-        infos.append(EpisodeInfo(f"e{e}", "random", "synthetic", "train", f"t{e}", None, ret > 0.5, ret, False, 0))
+        infos.append(EpisodeInfo(f"e{e}", "random", "synthetic", "train", f"t{e}", ret > 0.5, ret, False, 0))
     return ConductorDataset(
         observations=np.array(obs, np.float32),
         actions=np.array(act, np.int64),
@@ -117,10 +117,10 @@ def test_cql_finds_the_known_optimal_schedule(tmp_path: Path, random_data: Condu
     assert (tmp_path / "model.d3").exists() and (tmp_path / "conductor.json").exists()
 
 
-def test_bcq_and_filtered_bc_also_reach_the_optimum_on_this_problem(
+def test_bcq_filtered_bc_and_the_unconservative_q_learners_also_reach_the_optimum_on_this_problem(
     tmp_path: Path, random_data: ConductorDataset
 ) -> None:
-    for algo in ("bcq", "fbc"):
+    for algo in ("bcq", "fbc", "ddqn", "dqn"):
         res = train_offline(random_data, OfflineConfig(algo=algo, n_steps=1500, n_steps_per_epoch=500), tmp_path / algo)
         seq, _ = rollout(res.conductor.predict)
         assert seq[-1] == "submit" and seq[-2] == "good:go", (algo, seq)
@@ -131,7 +131,7 @@ def test_masked_actions_are_never_chosen(tmp_path: Path, random_data: ConductorD
     obs = rng.random((500, len(FEATURES)), dtype=np.float32)
     masks = rng.integers(0, 2, (500, 3)).astype(np.int8)
     masks[masks.sum(1) == 0, 0] = 1
-    for algo in ("bc", "bcq", "cql"):
+    for algo in ("bc", "bcq", "dqn", "ddqn", "cql"):
         c = train_offline(
             random_data, OfflineConfig(algo=algo, n_steps=200, n_steps_per_epoch=100), tmp_path / algo
         ).conductor

@@ -29,8 +29,8 @@ from tests.test_conductor_gym import ScriptedBackend, make_team
 
 
 class RoutingFamily:
-    """Each task is of kind "a" or "b"; the kind shows in the observation through the (hash) embedding of
-    the prompt, which names it, and through ``difficulty`` (1 = a, 2 = b)."""
+    """Each task is of kind "a" or "b"; the kind shows in the observation through the prompt, which names
+    it: its (hash) embedding and its length (the observation holds no difficulty or kind field)."""
 
     name = "routing"
     difficulties: tuple[int, ...] = (1, 2)
@@ -42,7 +42,7 @@ class RoutingFamily:
             d = difficulty if difficulty is not None else rng.choice(self.difficulties)
             x = rng.randrange(1000)
             meta = {"kind": "a" if d == 1 else "b"}
-            prompt = "An alpha task." if d == 1 else "A beta task."
+            prompt = "An alpha task." if d == 1 else "A beta task, of the second kind, with a much longer prompt."
             out.append(Task(f"routing-{split}-{seed}-{i}", self.name, split, prompt, str(x), d, seed, meta))
         return out
 
@@ -102,7 +102,7 @@ class Oracle:
         assert state is not None
         if action_mask[SUBMIT]:
             return SUBMIT
-        return ALPHA if state["task"]["kind"] == "a" else BETA
+        return ALPHA if state["task"]["prompt"].startswith("An alpha") else BETA
 
 
 def evaluate(conductor: ConductorPolicy, episodes: int = 60, seed: int = 123) -> tuple[float, float]:
@@ -117,7 +117,7 @@ def evaluate(conductor: ConductorPolicy, episodes: int = 60, seed: int = 123) ->
             a = conductor.act(obs, mask.astype(np.int8), info["state"])
             assert mask[a], "the conductor emitted a masked action"
             if first:
-                right += int(a == (ALPHA if info["state"]["task"]["kind"] == "a" else BETA))
+                right += int(a == (ALPHA if info["state"]["task"]["prompt"].startswith("An alpha") else BETA))
                 first = False
             obs, _, term, trunc, info = env.step(a)
             done = term or trunc

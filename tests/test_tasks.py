@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envs.tasks.arithmetic import ArithmeticFamily
-from envs.tasks.base import Task, TaskFamily, ToolResult, split_of
+from envs.tasks.base import SPLITS, Task, TaskFamily, ToolResult, split_of
 from envs.tasks.calculator import CalcError, calculator, evaluate, find_equations
 from envs.tasks.common import Draw, latest_candidate, sample_distinct
 from envs.tasks.extract import extract_marked, extract_number, extract_number_with_rule
@@ -168,11 +168,12 @@ def test_find_equations() -> None:
 
 
 def test_arithmetic_kinds_and_word_fraction() -> None:
-    tasks = ArithmeticFamily().generate("train", 40, seed=0)
+    assert {t.metadata["kind"] for t in ArithmeticFamily().generate("train", 40, seed=0)} == {"word_problem"}
+    tasks = ArithmeticFamily(word_fraction=0.5).generate("train", 40, seed=0)
     assert {t.metadata["kind"] for t in tasks} == {"expression", "word_problem"}
     only = ArithmeticFamily(word_fraction=0.0).generate("train", 10, seed=0)
     assert {t.metadata["kind"] for t in only} == {"expression"}
-    for t in tasks + ArithmeticFamily().generate("train", 300, seed=1):
+    for t in tasks + ArithmeticFamily(word_fraction=0.5).generate("train", 300, seed=1):
         if t.metadata["kind"] == "expression":
             assert t.prompt == f"What is {t.metadata['expression']}?"
         assert int(t.answer) >= 0 and evaluate(
@@ -192,15 +193,16 @@ def test_arithmetic_verifier_formats() -> None:
 
 
 def _one(kind: str) -> Task:
-    return next(t for t in ArithmeticFamily().generate("train", 30, seed=5) if t.metadata["kind"] == kind)
+    tasks = ArithmeticFamily(word_fraction=0.5).generate("train", 30, seed=5)
+    return next(t for t in tasks if t.metadata["kind"] == kind)
 
 
-def test_calculator_settles_bare_expressions() -> None:
+def test_calculator_checks_only_what_a_worker_wrote() -> None:
     t = _one("expression")
     expr, ans = t.metadata["expression"], t.answer
     alone = calculator(t, [])
-    assert alone.verdict == "pass" and alone.text.endswith(f"Answer: {ans}")
-    assert ArithmeticFamily().verify(t, alone.text).correct, "the calculator's message is a correct answer"
+    assert alone.verdict == "n/a" and ans not in alone.text, "with nothing written it has nothing to say"
+    assert not ArithmeticFamily().verify(t, alone.text).correct
     wrong = calculator(t, [_msg("solver", f"{expr} = {int(ans) + 2}")])
     assert wrong.verdict == "fail"
     assert f"The expression {expr} evaluates to {ans}, not {int(ans) + 2}." in wrong.text
@@ -243,11 +245,7 @@ def test_tools_read_the_latest_non_tool_message() -> None:
 def test_jsonl_checker(jsonl_path: Path) -> None:
     fam = UserDataFamily(jsonl_path, name="qa")
     assert fam.format == "qa"
-    tasks = {
-        t.prompt: t
-        for sp in ("train", "test")
-        for t in fam.generate(sp, len([i for i in fam.items if i.split == sp]), 0)
-    }
+    tasks = {t.prompt: t for sp in SPLITS for t in fam.generate(sp, len([i for i in fam.items if i.split == sp]), 0)}
     assert len(tasks) == len(JSONL_LINES)
     paris = tasks["What is the capital of France?"]
     assert paris.id == "qa-cap-fr" and paris.metadata["kind"] == "text"
@@ -303,3 +301,28 @@ def test_registry(jsonl_path: Path) -> None:
     t = tasks[0]
     assert verify_task(t, f"#### {t.answer}").correct and not verify_task(t, "#### -1").correct
     assert "calculator" in tools_for(t) and extract_number(tools_for(t)["calculator"](t, []).text) is not None
+
+
+def test_commuted_operands_share_a_canonical_expression_and_a_split() -> None:
+    from envs.tasks.base import split_of
+    from envs.tasks.calculator import canonical_expression
+
+    assert canonical_expression("3 + 4 * 2") == canonical_expression("2 * 4 + 3") == canonical_expression("4*2+3")
+    assert canonical_expression("(5 - 2) / 3") != canonical_expression("(2 - 5) / 3")
+    assert canonical_expression("7 - 3") != canonical_expression("3 - 7")
+    key = lambda e: f"expression|{canonical_expression(e)}"  # noqa: E731
+    assert split_of(key("12 + 30 * 2")) == split_of(key("2 * 30 + 12"))
+
+
+def test_splits_are_disjoint_and_sized_by_fraction() -> None:
+    from envs.tasks.base import split_of
+
+    counts = {s: 0 for s in SPLITS}
+    for i in range(5000):
+        counts[split_of(f"item-{i}")] += 1
+    assert all(abs(counts[s] / 5000 - f) < 0.03 for s, f in (("test", 0.2), ("validation", 0.2), ("train", 0.6)))
+    fam = ArithmeticFamily()
+    ids = {sp: {t.id for t in fam.generate(sp, 40, seed=0)} for sp in SPLITS}
+    assert (
+        not ids["train"] & ids["validation"] and not ids["train"] & ids["test"] and not ids["validation"] & ids["test"]
+    )

@@ -78,7 +78,7 @@ def test_test_runner_messages(fam: CodeSynthesisFamily) -> None:
     assert runner(t, []).verdict == "n/a"
     assert runner(t, [_msg("coder", "I will add them")]).verdict == "n/a"
     ok = runner(t, [_msg("coder", f"```python\n{t.answer}```\nDone.")])
-    assert ok.verdict == "pass" and ok.text.startswith("PASS\nAll 6 tests passed.")
+    assert ok.verdict == "pass" and ok.text.startswith("PASS\nAll 2 visible tests passed.")
     assert fam.verify(t, ok.text).correct, "the runner's PASS message carries the code"
     bad = runner(t, [_msg("coder", "```python\ndef add(a, b):\n    return a - b\n```")])
     assert bad.verdict == "fail" and bad.text.startswith("FAIL\nTest ")

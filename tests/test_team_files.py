@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestra.runtime.conductors import CONDUCTOR_NAMES, conductor_factory
+from orchestra.runtime.conductors import CONDUCTOR_NAMES, conductor_factory, team_rules
 from orchestra.runtime.team_file import TeamFileError, builtin_teams, load_team
+from policies import PipelineConductor, PolicyError
 
 
 @pytest.mark.parametrize("name", builtin_teams())
@@ -86,3 +87,27 @@ def test_pipeline_with_unknown_worker_is_rejected_at_build_time(tmp_path: Path) 
     with pytest.raises(ValueError, match="unknown conductor"):
         conductor_factory("oracle", load_team("arithmetic"))
     assert "llm" in CONDUCTOR_NAMES
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "logic_grid", "code_synthesis", "blocksworld"])
+def test_each_builtin_team_has_a_menu_of_at_least_six_named_rules(name: str) -> None:
+    team = load_team(name)
+    menu = team_rules(team)
+    assert len(menu) >= 6 and {"tool_only", "single_shot", "pipeline", "heuristic", "resample"} <= set(menu)
+    assert "random" not in menu and "llm" not in menu
+    for rule in menu:
+        conductor_factory(rule, team)()  # each builds (its steps name real workers and instructions)
+
+
+def test_a_named_rule_needs_a_rule_type(tmp_path: Path) -> None:
+    p = _write(
+        tmp_path, lambda r: r["conductors"].__setitem__("twice", {"type": "pipeline", "steps": ["solver:solve"] * 2})
+    )
+    team = load_team(p)
+    assert "twice" in team_rules(team)
+    assert isinstance(conductor_factory("twice", team)(), PipelineConductor)
+    bad = _write(tmp_path, lambda r: r["conductors"].__setitem__("twice", {"type": "oracle", "steps": []}))
+    with pytest.raises(PolicyError, match=r"conductors.twice.type: give one of round_robin, pipeline, heuristic"):
+        conductor_factory("twice", load_team(bad))
+    with pytest.raises(PolicyError, match="rules of team.yaml: .*twice"):
+        conductor_factory("thrice", load_team(bad))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from envs.tasks.base import SPLITS
 from envs.tasks.registry import get_family, tools_for, verify_task
 from envs.tasks.user_data import UserDataError, UserDataFamily, last_boxed, math_value
 
@@ -59,7 +60,7 @@ def _jsonl(path: Path, records: list[dict[str, Any]]) -> Path:
 
 
 def _all(fam: UserDataFamily) -> list[Any]:
-    return [t for sp in ("train", "test") for t in fam.generate(sp, sum(i.split == sp for i in fam.items), 0)]
+    return [t for sp in SPLITS for t in fam.generate(sp, sum(i.split == sp for i in fam.items), 0)]
 
 
 def test_gsm8k_jsonl(tmp_path: Path) -> None:
@@ -141,7 +142,7 @@ def test_humaneval_jsonl(tmp_path: Path) -> None:
         ({"prompt": "def f():\n", "entry_point": "f", "test": "assert f() == 1"}, "must define check"),
         ({"prompt": "p", "entry_point": "1x", "test": "def check(c): pass"}, "'entry_point' must be a Python name"),
         ({"title": "what is this"}, "cannot tell the format"),
-        ({"question": "q", "answer": 1, "split": "validation"}, "'split' must be train or test"),
+        ({"question": "q", "answer": 1, "split": "dev"}, "'split' must be one of train, validation, test"),
         ({"question": "q", "answer": 1, "difficulty": "hard"}, "'difficulty' must be an integer"),
     ],
 )

@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-Split = Literal["train", "test"]
-SPLITS: tuple[Split, ...] = ("train", "test")
+Split = Literal["train", "validation", "test"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "test")
+VALIDATION_FRACTION = 0.2  # share of items in the validation split (tuning: best schedule, hyperparameters)
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,11 @@ class ToolResult:
 
 @dataclass(frozen=True)
 class Task:
-    """One task instance. ``metadata`` holds everything the verifier and the tools need (JSON-able)."""
+    """One task instance. ``metadata`` holds everything the verifier and the tools need (JSON-able).
+
+    ``hidden`` names the metadata keys derived from the solution (a reference plan, the puzzle's
+    assignment, hidden tests). Tools and conductors get :meth:`public`: no answer, no hidden keys,
+    no generation level, so nothing they compute can depend on the solution (docs/families.md)."""
 
     id: str
     family: str
@@ -54,6 +59,15 @@ class Task:
     difficulty: int = 1
     seed: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    hidden: tuple[str, ...] = ()
+
+    def public(self) -> Task:
+        """What a tool may read: the prompt and the problem's own data, never the solution.
+
+        The answer becomes ``""``, the hidden metadata keys are dropped and the difficulty is 0 (a
+        generation level can be a function of the solution, e.g. the optimal plan length)."""
+        meta = {k: v for k, v in self.metadata.items() if k not in self.hidden}
+        return Task(self.id, self.family, self.split, self.prompt, "", 0, self.seed, meta, ())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +79,7 @@ class Task:
             "difficulty": self.difficulty,
             "seed": self.seed,
             "metadata": dict(self.metadata),
+            "hidden": list(self.hidden),
         }
 
 
@@ -93,10 +108,15 @@ class TaskFamily(Protocol):
         ...
 
 
-def split_of(key: str, test_fraction: float = 0.2) -> Split:
+def split_of(key: str, test_fraction: float = 0.2, validation_fraction: float = VALIDATION_FRACTION) -> Split:
     """Deterministic split of an item by the hash of its canonical content ``key``.
 
     The same content always lands in the same split, whatever the seed that generated it, so no
-    test item can leak into training."""
-    h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big")
-    return "test" if (h % 10_000) < int(test_fraction * 10_000) else "train"
+    test item can leak into training or validation. Families make ``key`` canonical (names of people
+    and items, block letters, the order of commutative operands do not count), so near-duplicates
+    share a key and a split. Test: the first ``test_fraction`` of the hash range; validation: the next
+    ``validation_fraction``; train: the rest."""
+    h = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 10_000
+    if h < int(test_fraction * 10_000):
+        return "test"
+    return "validation" if h < int((test_fraction + validation_fraction) * 10_000) else "train"

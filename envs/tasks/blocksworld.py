@@ -1,10 +1,12 @@
 """Blocksworld planning: move blocks one at a time from an initial arrangement to a goal arrangement.
 
-2–5 blocks (letters), stacks on an unlimited table. A move takes a *clear* block (nothing on it) and
+5–6 blocks (letters), stacks on an unlimited table. A move takes a *clear* block (nothing on it) and
 puts it on the table or on another clear block. Instances are drawn with a given optimal plan length
-(breadth-first search, :func:`bfs_plan`): difficulty 1 = 2–3 blocks, 1–2 moves; 2 = 3–4 blocks,
-2–4 moves; 3 = 4–5 blocks, 4–8 moves. Kinds by optimal length: ``"one_move"``, ``"short"`` (2–3),
-``"long"`` (4+). No instance starts at its goal (an empty plan would make any text correct).
+(breadth-first search, :func:`bfs_plan`): difficulty 1 = 5–6 blocks, 1 move; 2 = 5–6 blocks, 2 moves;
+3 = 5–6 blocks, 3–4 moves (calibrated to SmolLM2: docs/benchmark.md; with fewer blocks there are too
+few distinct instances once renamed copies count as one). Kinds by optimal length: ``"one_move"``,
+``"short"`` (2–3), ``"long"`` (4+); hidden from tools and conductors. No instance starts at its goal
+(an empty plan would make any text correct).
 
 Plan syntax (parsed leniently, case-insensitive, one or more moves per line)::
 
@@ -18,13 +20,16 @@ line, only what follows it; otherwise the whole text. Every recognised move coun
 
 Verifier: score 1 iff at least one move was found, every move is legal (a stated ``from`` must be
 right) and the final arrangement equals the goal; else 0, with the first illegal step or the unmet
-goal in the reason. Tools: ``plan_validator`` (simulates the candidate plan — the latest non-tool message with a move in it, reports the first illegal
-step or what the goal still lacks) and ``short_planner`` (finds plans of at most 2 moves, so it
-settles the easy instances alone and says N/A on the others).
+goal in the reason. The one tool, ``plan_validator``, simulates the candidate plan a worker wrote (the latest non-tool
+message with a move in it) from the initial state stated in the prompt, and reports the first illegal
+step or what the goal still lacks. It never plans: with an empty transcript it has nothing to check, so
+a tool-only conductor solves nothing. A simulator is exact, so its PASS is the verifier's verdict; what
+the team needs from the LLM is a plan worth simulating.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 from collections import deque
@@ -39,7 +44,7 @@ LETTERS = "ABCDEFGH"
 State = tuple[tuple[str, ...], ...]  # stacks, bottom to top, sorted (canonical)
 Move = tuple[str, str | None, str]  # (block, from or None, to)
 # level -> (block counts, min optimal moves, max optimal moves)
-LEVELS: dict[int, tuple[tuple[int, ...], int, int]] = {1: ((2, 3), 1, 2), 2: ((3, 4), 2, 4), 3: ((4, 5), 4, 8)}
+LEVELS: dict[int, tuple[tuple[int, ...], int, int]] = {1: ((5, 6), 1, 1), 2: ((5, 6), 2, 2), 3: ((5, 6), 3, 4)}
 
 
 def canonical(stacks: Sequence[Sequence[str]]) -> State:
@@ -198,12 +203,27 @@ def unmet_goal(state: State, goal: State) -> list[str]:
     return out
 
 
+def canonical_instance(init: State, goal: State) -> str:
+    """The instance with its blocks renamed to A, B, C… in the way that gives the smallest text: the
+    same for every relabelling of the letters (≤ 5! = 120 renamings), so renamed copies share a split."""
+    blocks = sorted({b for s in init for b in s})
+    best = None
+    for perm in itertools.permutations(LETTERS[: len(blocks)]):
+        ren = dict(zip(blocks, perm, strict=True))
+        text = repr((canonical([[ren[b] for b in s] for s in init]), canonical([[ren[b] for b in s] for s in goal])))
+        best = text if best is None or text < best else best
+    return str(best)
+
+
 def _moves(n: int) -> str:
     return "the 1 move is" if n == 1 else f"all {n} moves are"
 
 
 def _state(meta: Mapping[str, Any], key: str) -> State:
     return canonical(meta[key])
+
+
+HIDDEN = ("kind", "optimal_moves")  # functions of the optimal plan; blocks, init and goal are in the prompt
 
 
 class BlocksworldFamily:
@@ -240,10 +260,10 @@ class BlocksworldFamily:
             "goal": [list(s) for s in goal],
             "optimal_moves": len(plan),
         }
-        key = f"blocks|{init}|{goal}"
+        key = f"blocks|{canonical_instance(init, goal)}"  # renamed blocks are the same instance
 
         def make(task_id: str, split: Split, seed: int) -> Task:
-            return Task(task_id, self.name, split, prompt, answer, level, seed, meta)
+            return Task(task_id, self.name, split, prompt, answer, level, seed, meta, HIDDEN)
 
         return key, level, make
 
@@ -268,7 +288,7 @@ class BlocksworldFamily:
         return Verdict(1.0, f"valid plan of {len(moves)} moves reaching the goal", extracted)
 
     def tools(self) -> Mapping[str, ToolFn]:
-        return {"plan_validator": plan_validator, "short_planner": short_planner}
+        return {"plan_validator": plan_validator}
 
 
 def plan_validator(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
@@ -297,17 +317,4 @@ def plan_validator(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolR
     plan = "\n".join(render_move(m) for m in moves)
     return tool_result(
         "pass", f"The plan is legal and reaches the goal in {len(moves)} move{'s' if len(moves) > 1 else ''}:", plan
-    )
-
-
-def short_planner(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
-    """Search plans of at most 2 moves from the initial state (ignores the transcript): PASS with the
-    plan when one exists, N/A otherwise (a longer plan is needed)."""
-    meta = task.metadata
-    plan = bfs_plan(_state(meta, "init"), _state(meta, "goal"), max_moves=2)
-    if plan is None:
-        return tool_result("n/a", "No plan of at most 2 moves exists; a longer plan is needed.")
-    # moves render with "from", so the message is itself a plan the verifier accepts
-    return tool_result(
-        "pass", f"A plan of {len(plan)} move{'s' if len(plan) > 1 else ''}:", "\n".join(render_move(m) for m in plan)
     )

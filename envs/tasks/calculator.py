@@ -4,19 +4,14 @@ The evaluator walks a Python AST restricted to numbers, ``+ - * / // % **`` and 
 exact :class:`~fractions.Fraction` arithmetic and size limits; it never calls ``eval()``.
 
 What the tool does (why: the 135M solver often writes the right expression with a wrong result,
-``13 + 14 = 25``, so re-evaluating the expressions it wrote is a cheap, exact check). The *candidate* is the latest
-non-tool message that contains a number (a critic's "looks fine" does not hide it):
-
-* For a bare-expression task (``metadata["kind"] == "expression"``) the prompt *is* the expression,
-  so the tool settles the task alone: it evaluates ``metadata["expression"]`` and compares the
-  latest candidate's final number (see :mod:`envs.tasks.extract`) with it. PASS when there is no
-  candidate yet or the candidate is right, FAIL when it is wrong; the message always ends with
-  ``Answer: <value>``.
-* Otherwise (word problems, user data) it cannot read the prompt: it checks every ``expr = value``
-  the latest candidate wrote (FAIL at the first wrong one, e.g. ``The expression 13 + 14 evaluates to
-  27, not 25.``), then that the final answer matches the last result. With no equation but a bare
-  expression (``4 + 6``) it evaluates it (PASS, ``Answer: 10``). With nothing to compute: N/A.
-  A word-problem PASS certifies the arithmetic only, not that it is the right calculation.
+``13 + 14 = 25``, so re-evaluating the expressions it wrote is a cheap, exact check). It reads only what
+workers wrote, never the task: the *candidate* is the latest non-tool message that contains a number (a
+critic's "looks fine" does not hide it). It checks every ``expr = value`` the candidate wrote (FAIL at
+the first wrong one, e.g. ``The expression 13 + 14 evaluates to 27, not 25.``; when that is the last
+equation the message ends ``Answer: <its true value>``), then that the final answer matches the last
+result. With no equation but a bare expression (``4 + 6``) it evaluates it (PASS, ``Answer: 10``). With
+nothing to compute: N/A. A PASS certifies the arithmetic only, not that it is the right calculation:
+with an empty transcript the tool has nothing to say, so a tool-only conductor solves nothing.
 """
 
 from __future__ import annotations
@@ -102,6 +97,28 @@ def evaluate(expr: str) -> Fraction:
     return _eval(tree)
 
 
+def canonical_expression(expr: str) -> str:
+    """The expression with the operands of every ``+`` chain and every ``*`` chain sorted, so ``3 + 4 * 2``
+    and ``2 * 4 + 3`` share one canonical form (the split key of near-duplicates). Not for evaluation."""
+
+    def flat(node: ast.AST, op: type) -> list[ast.AST]:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, op):
+            return flat(node.left, op) + flat(node.right, op)
+        return [node]
+
+    def canon(node: ast.AST) -> str:
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            sym = "+" if isinstance(node.op, ast.Add) else "*"
+            return "(" + sym.join(sorted(canon(n) for n in flat(node, type(node.op)))) + ")"
+        if isinstance(node, ast.BinOp):
+            return f"({canon(node.left)}{type(node.op).__name__}{canon(node.right)})"
+        if isinstance(node, ast.UnaryOp):
+            return f"({type(node.op).__name__}{canon(node.operand)})"
+        return ast.unparse(node)
+
+    return canon(ast.parse(normalize_expression(expr).strip(), mode="eval").body)
+
+
 _EXPR_CHARS = re.compile(r"[\d\s.+\-*/()%]*$")
 _HAS_OP = re.compile(r"\d\s*(?:\*\*|[+\-*/%])\s*[(\d.-]")
 
@@ -170,20 +187,10 @@ def _pretty(expr: str) -> str:
 
 
 def calculator(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
-    """The ``calculator`` tool (behaviour in the module docstring)."""
+    """The ``calculator`` tool (behaviour in the module docstring); ``task`` is not read."""
+    del task
     # the latest message with a number in it: a critic's "looks fine" does not hide the answer
     cand = latest_candidate(transcript, lambda t: extract_number(t) is not None)
-    ref = task.metadata.get("expression") if task.metadata.get("kind") == "expression" else None
-    if ref:
-        value = format_number(evaluate(str(ref)))
-        if cand is None:
-            return tool_result("pass", f"{ref} = {value}.", f"Answer: {value}")
-        got = extract_number(cand)
-        if got is None:  # unreachable with the accept filter above; kept for safety
-            return tool_result("pass", f"{ref} = {value}.", f"Answer: {value}")
-        if matches(evaluate(str(ref)), got):
-            return tool_result("pass", f"{ref} = {value}, as stated.", f"Answer: {value}")
-        return tool_result("fail", f"The expression {ref} evaluates to {value}, not {got}.", f"Answer: {value}")
     if cand is None:
         return tool_result("n/a", "No calculation to check yet. Write it with numbers, e.g. 4 + 6 = 10.")
     eqs = find_equations(cand)

@@ -1,7 +1,10 @@
 """Python function synthesis with hidden unit tests run in the sandbox.
 
 Each task shows a signature, a docstring and one example call; 6 hidden tests (derived from the task
-content, so the same prompt always has the same tests) live in ``metadata["tests"]``. Specs range
+content, so the same prompt always has the same tests) live in ``metadata["tests"]`` and only the
+verifier runs them. The ``test_runner`` tool runs the 2 *visible* tests (``metadata["visible_tests"]``:
+the example and one more typical call, never an edge case), so a PASS can be wrong, as in MBPP and
+HumanEval practice. Specs range
 from one-liners (difficulty 1: ``add``, ``is_even``, ``multiply`` by a constant…) through small loops
 (2: ``count_vowels``, ``fizzbuzz`` with given divisors…) to small algorithms (3: ``is_prime``,
 ``run_length_encode``, ``caesar`` with a given shift…). Kinds: ``"numeric"``, ``"string"``,
@@ -9,7 +12,7 @@ from one-liners (difficulty 1: ``add``, ``is_even``, ``multiply`` by a constant�
 
 Why instance-dependent schedules pay off: the 135M model writes correct one-liners in a ```python
 block, so a test run is wasted on easy items; on loops with edge cases (``factorial(0)``, ``fizzbuzz``
-with unusual divisors) the ``test_runner``'s first failure (``Test 2 of 6: fizzbuzz(15) returned
+with unusual divisors) the ``test_runner``'s first failure (``Test 2 of 2: fizzbuzz(15) returned
 'Fizz', expected 'FizzBuzz'``) is what a reviser needs.
 
 Code extraction: the last fenced code block (```` ```python ````, ```` ```py ```` or bare ```` ``` ````;
@@ -179,7 +182,10 @@ def task_parts(spec: Spec, params: Mapping[str, Any]) -> tuple[str, str, str, di
     tests = [{"args": a, "expected": ns[name](*json.loads(json.dumps(a)))} for a in arg_lists]
     # show a typical call, not an edge case: edge cases stay hidden, where a test run pays off
     edges = [list(e) for e in spec.edges]
-    ex = next((t for t in tests if t["args"] not in edges), tests[0])
+    typical = [t for t in tests if t["args"] not in edges] or tests
+    ex = typical[0]
+    # the test runner's tests: the example and one more typical call (MBPP shows one assert, keeps the rest)
+    visible = typical[:2]
     prompt = (
         "Write a Python function.\n\n"
         f'{spec.signature}\n    """{spec.doc.format(**params)}"""\n\n'
@@ -193,8 +199,12 @@ def task_parts(spec: Spec, params: Mapping[str, Any]) -> tuple[str, str, str, di
         "function": name,
         "signature": spec.signature,
         "tests": tests,
+        "visible_tests": visible,
     }
     return key, prompt, source, meta
+
+
+HIDDEN = ("tests", "kind")  # the verifier's tests; the kind is visible in the prompt, hidden for uniformity
 
 
 class CodeSynthesisFamily:
@@ -213,7 +223,7 @@ class CodeSynthesisFamily:
         key, prompt, source, meta = task_parts(spec, spec.params(rng))
 
         def make(task_id: str, split: Split, seed: int) -> Task:
-            return Task(task_id, self.name, split, prompt, source, level, seed, meta)
+            return Task(task_id, self.name, split, prompt, source, level, seed, meta, HIDDEN)
 
         return key, level, make
 
@@ -222,7 +232,7 @@ class CodeSynthesisFamily:
         spec = SPEC_BY_ID[spec_id]
         key, prompt, source, meta = task_parts(spec, dict(params or {}))
         split = split_of(key, self.test_fraction)
-        return Task(content_id(self.name, key), self.name, split, prompt, source, spec.level, seed, meta)
+        return Task(content_id(self.name, key), self.name, split, prompt, source, spec.level, seed, meta, HIDDEN)
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int | None = None) -> list[Task]:
         """``n`` distinct functions of ``split`` (split by spec + parameters)."""
@@ -242,7 +252,8 @@ class CodeSynthesisFamily:
         )
 
     def tools(self) -> Mapping[str, ToolFn]:
-        """``test_runner``: runs the hidden tests on the latest candidate and reports the first failure."""
+        """``test_runner``: runs the *visible* tests (the prompt's example and one more) on the latest candidate
+        and reports the first failure; the verifier's hidden tests include edge cases it never runs."""
 
         def test_runner(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
             name = task.metadata["function"]
@@ -250,9 +261,9 @@ class CodeSynthesisFamily:
             if cand is None:
                 return tool_result("n/a", f"No code to test yet. Write the function {name} in a ```python block.")
             code = extract_code(cand, name)
-            rep = run_tests(code, name, task.metadata["tests"], **self.sandbox)
+            rep = run_tests(code, name, task.metadata["visible_tests"], **self.sandbox)
             if rep.first_failure is None:
-                return tool_result("pass", f"All {rep.total} tests passed.", f"```python\n{code.strip()}\n```")
+                return tool_result("pass", f"All {rep.total} visible tests passed.", f"```python\n{code.strip()}\n```")
             return tool_result("fail", rep.first_failure)
 
         return {"test_runner": test_runner}

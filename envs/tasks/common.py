@@ -13,13 +13,13 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from envs.tasks.base import Split, Task, ToolResult, split_of
+from envs.tasks.base import SPLITS, Split, Task, ToolResult, split_of
 
 # Workers whose messages are never candidate answers, whatever their verdict field says.
 NON_CANDIDATE_WORKERS = frozenset({"conductor", "system", "user", "task", "env"})
 # Names of the tools shipped by the built-in families (a message from one is a tool message even when
 # a recorder dropped its verdict).
-TOOL_NAMES = frozenset({"calculator", "constraint_checker", "plan_validator", "short_planner", "test_runner"})
+TOOL_NAMES = frozenset({"calculator", "constraint_checker", "plan_validator", "test_runner"})
 
 
 def stable_rng(*parts: object) -> random.Random:
@@ -48,13 +48,14 @@ def sample_distinct(
     draw: Callable[[random.Random, int], Draw],
     test_fraction: float = 0.2,
     max_draws: int | None = None,
+    mix: Sequence[int] | None = None,
 ) -> list[Task]:
     """Draw instances until ``n`` distinct ones (by canonical key) of ``split`` are found.
 
-    ``difficulty=None`` picks a level uniformly per item. Raises ``ValueError`` with the pool
+    ``difficulty=None`` picks a level uniformly per item, among ``mix`` (default: every level). Raises ``ValueError`` with the pool
     size it saw when the family cannot produce ``n`` distinct items of that split and level."""
-    if split not in ("train", "test"):
-        raise ValueError(f"{family}: split must be 'train' or 'test', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"{family}: split must be one of {', '.join(SPLITS)}, got {split!r}")
     if difficulty is not None and difficulty not in difficulties:
         raise ValueError(f"{family}: difficulty must be one of {tuple(difficulties)} or None, got {difficulty!r}")
     if n < 0:
@@ -71,7 +72,7 @@ def sample_distinct(
                 f"{draws} draws, {n} requested: the pool of such items is too small"
             )
         draws += 1
-        level = difficulty if difficulty is not None else rng.choice(list(difficulties))
+        level = difficulty if difficulty is not None else rng.choice(list(mix or difficulties))
         key, level, build = draw(rng, level)
         if key in seen or split_of(key, test_fraction) != split:
             continue

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -188,6 +189,9 @@ def extract_option(text: str, options: Sequence[str]) -> str | None:
     return everywhere[-1][1] if everywhere else None
 
 
+HIDDEN = ("kind", "solution")  # the full assignment, and whether a clue states the answer (needs the answer)
+
+
 class LogicGridFamily:
     """Zebra-like puzzles with unique solutions (see the module docstring)."""
 
@@ -255,9 +259,9 @@ class LogicGridFamily:
         }
 
         def make(task_id: str, split: Split, seed: int) -> Task:
-            return Task(task_id, self.name, split, prompt, answer, level, seed, meta)
+            return Task(task_id, self.name, split, prompt, answer, level, seed, meta, HIDDEN)
 
-        return f"logic|{prompt}", level, make
+        return f"logic|{canonical_puzzle(meta)}", level, make
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int | None = None) -> list[Task]:
         """``n`` distinct puzzles of ``split`` (split by the puzzle text)."""
@@ -277,6 +281,25 @@ class LogicGridFamily:
         return {"constraint_checker": constraint_checker}
 
 
+def canonical_puzzle(meta: Mapping[str, Any]) -> str:
+    """The puzzle with every value replaced by its attribute and rank in the listed (sorted) values: renaming
+    people, pets, drinks or colours gives the same key, so renamed copies share a split. Clue order counts."""
+    rank = {(a, v): f"{a}{i}" for a in meta["attributes"] for i, v in enumerate(meta["values"][a])}
+
+    def ref(x: Any) -> Any:
+        if isinstance(x, list) and len(x) == 2 and all(isinstance(v, str) for v in x) and (x[0], x[1]) in rank:
+            return rank[(x[0], x[1])]
+        if isinstance(x, dict):
+            return {k: ref(v) for k, v in sorted(x.items())}
+        if isinstance(x, list):
+            return [ref(v) for v in x]
+        return x
+
+    return json.dumps(
+        {"houses": meta["houses"], "clues": ref(meta["clues"]), "question": ref(meta["question"])}, sort_keys=True
+    )
+
+
 def count_solutions(meta: Mapping[str, Any]) -> int:
     """Brute force: how many full assignments satisfy every clue of a puzzle's metadata."""
     attrs, values = meta["attributes"], meta["values"]
@@ -285,6 +308,14 @@ def count_solutions(meta: Mapping[str, Any]) -> int:
     for c in meta["clues"]:
         ok &= holds(c, space, attrs, values)
     return int(ok.sum())
+
+
+def _consistent(meta: Mapping[str, Any], space: np.ndarray, option: str) -> bool:
+    """Is some assignment satisfying every clue compatible with ``option`` as the answer?"""
+    attrs, values = meta["attributes"], meta["values"]
+    subj, target = meta["question"]["subject"], meta["question"]["target"]
+    hyp = space[holds({"type": "same", "a": subj, "b": [target, option]}, space, attrs, values)]
+    return bool(np.logical_and.reduce([holds(c, hyp, attrs, values) for c in meta["clues"]]).any())
 
 
 def constraint_checker(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
@@ -303,12 +334,12 @@ def constraint_checker(task: Task, transcript: Sequence[Mapping[str, Any]]) -> T
     hyp = space[holds({"type": "same", "a": subj, "b": [target, got]}, space, attrs, values)]
     sats = [holds(c, hyp, attrs, values) for c in meta["clues"]]
     said = f"'{statement(subj, target, got)}'"
-    if np.logical_and.reduce(sats).any():
+    if _consistent(meta, space, got):
         return tool_result("pass", f"{said} is consistent with all clues.", f"Answer: {got}")
-    ruled = []
+    ruled = []  # earlier candidates the clues exclude (computed from the clues, as for this one)
     for text in candidates(transcript):
         opt = extract_option(text, options)
-        if opt is not None and opt != task.answer and opt not in ruled:
+        if opt is not None and opt not in ruled and not _consistent(meta, space, opt):
             ruled.append(opt)
     tail = f"Ruled out so far: {', '.join(ruled)}." if ruled else ""
     texts = meta["clue_texts"]

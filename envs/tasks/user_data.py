@@ -102,7 +102,7 @@ def _datasets_folder(path: Path) -> list[tuple[str, dict[str, Any], Split | None
     rows: list[tuple[str, dict[str, Any], Split | None]] = []
     for name, part in parts:
         if name is not None and name not in SPLITS:
-            raise UserDataError(f"{path}: split {name!r}: expected {' or '.join(SPLITS)} (rename or drop it)")
+            raise UserDataError(f"{path}: split {name!r}: expected one of {', '.join(SPLITS)} (rename or drop it)")
         label = f" [{name}]" if name is not None else ""
         rows += [(f"{path}{label}: row {i}", dict(r), name) for i, r in enumerate(part)]
     return rows
@@ -470,7 +470,7 @@ class UserDataFamily:
             raise UserDataError(f"{where}: 'difficulty' must be an integer")
         split = record.get("split", container_split)
         if split is not None and split not in SPLITS:
-            raise UserDataError(f"{where}: 'split' must be {' or '.join(SPLITS)}, got {split!r}")
+            raise UserDataError(f"{where}: 'split' must be one of {', '.join(SPLITS)}, got {split!r}")
         known = {"question", "answer", "problem", "solution", "text", "prompt", "test_list", "challenge_test_list",
                  "test_setup_code", "entry_point", "test", "visible_tests", "id", "task_id", "difficulty", "split"}  # fmt: skip
         item.id = None if item_id is None else str(item_id)
@@ -492,7 +492,8 @@ class UserDataFamily:
         }
         tid = f"{self.name}-{it.id}" if it.id is not None else content_id(self.name, it.prompt)
         assert it.split is not None
-        return Task(tid, self.name, it.split, it.prompt, it.answer, it.difficulty, seed, meta)
+        # the verifier's tests and any unrecognised field (it may hold a solution) are kept from tools
+        return Task(tid, self.name, it.split, it.prompt, it.answer, it.difficulty, seed, meta, ("tests", "extra"))
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int | None = None) -> list[Task]:
         """``n`` items of ``split`` (and ``difficulty`` if given) in a seeded shuffle; UserDataError if the data

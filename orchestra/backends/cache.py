@@ -1,8 +1,13 @@
-"""A SQLite response cache for greedy (temperature-0) calls, so re-running recorded work is free.
+"""A SQLite response cache, so re-running recorded work is free.
 
-Only temperature-0 requests are cached: their output is a function of (model, prompt, parameters),
-so a hit returns exactly what generation would have produced. Sampled requests are never cached —
-replaying a sample would silently turn a stochastic policy into a deterministic one.
+Greedy (temperature-0) requests are cached: their output is a function of (model, prompt, parameters),
+so a hit returns exactly what generation would have produced. A sampled request is cached only where
+the backend draws it from its own seed and the request's (``seeded_sampling``: llama.cpp and
+transformers draw from ``np.random.default_rng([backend seed, request seed])``); then the sample is a
+function of (model, prompt, parameters with the seed, backend seed), the key holds all four, and a hit
+is exactly the sample the backend would draw. Each turn of an episode carries its own seed
+(``orchestra.runtime.rollout.turn_seed``), so asking a worker again still draws afresh. Samples from a
+server (HTTP) are never cached: its seed handling is not ours to vouch for.
 
 Storage is one table in a SQLite file in WAL mode (https://www.sqlite.org/wal.html): readers never
 block each other nor the writer, so several rollout workers (threads or processes) may share a file.
@@ -132,13 +137,16 @@ class ResponseCache:
         self._local = threading.local()
 
 
-def is_cacheable(request: GenerationRequest) -> bool:
-    """Greedy LLM requests only. Tool requests carry a task the key does not cover: never cached."""
-    return request.params.temperature == 0.0 and "tool" not in request.context
+def is_cacheable(request: GenerationRequest, seeded_sampling: bool = False) -> bool:
+    """Greedy LLM requests, and sampled ones from a backend with ``seeded_sampling``. Tool requests carry
+    a task the key does not cover: never cached."""
+    if "tool" in request.context:
+        return False
+    return request.params.temperature == 0.0 or seeded_sampling
 
 
 class CachedBackend:
-    """Wrap a backend: temperature-0 requests are looked up first; all misses go to ``inner`` in ONE
+    """Wrap a backend: cacheable requests (:func:`is_cacheable`) are looked up first; all misses go to ``inner`` in ONE
     batched call (so batching is preserved), and their completions are stored. Hits come back with
     ``cached=True``. Completions that finished with ``"error"`` are not stored.
 
@@ -150,6 +158,9 @@ class CachedBackend:
         self.cache = cache
         self.model_id = inner.model_id
         self.namespace = str(getattr(inner, "cache_namespace", ""))
+        self.seeded_sampling = bool(getattr(inner, "seeded_sampling", False))
+        # a sample depends on the backend's seed too: it is part of a sampled request's key
+        self.sampled_namespace = f"{self.namespace}|backend-seed={getattr(inner, 'seed', 0)}"
         self.hits = 0
         self.misses = 0
         self.bypassed = 0
@@ -166,11 +177,12 @@ class CachedBackend:
         dup_of: dict[int, int] = {}
         hits = misses = bypassed = 0
         for i, request in enumerate(requests):
-            if not is_cacheable(request):
+            if not is_cacheable(request, self.seeded_sampling):
                 bypassed += 1
                 todo.append(i)
                 continue
-            key = keys[i] = request_key(self.model_id, request, self.namespace)
+            ns = self.namespace if request.params.temperature == 0.0 else self.sampled_namespace
+            key = keys[i] = request_key(self.model_id, request, ns)
             hit = self.cache.get(key)
             if hit is not None:
                 hits += 1

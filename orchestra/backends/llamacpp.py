@@ -204,6 +204,9 @@ class LlamaCppBackend:
         """One request at a time from an empty KV cache (the path that produced the published tables)."""
         return self.batch_size == 1 and self.prefix_cache == 0
 
+    # a sampled completion is a function of the request (its seed included) and self.seed: cacheable
+    seeded_sampling = True
+
     @property
     def cache_namespace(self) -> str:
         """Response-cache namespace: batched completions are stored apart from serial ones (they may round

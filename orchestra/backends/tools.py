@@ -23,7 +23,7 @@ class ToolBackend:
     and ``"transcript"`` (list of dicts, oldest first). The messages are ignored: a tool reads the
     structured transcript, not the chat. The completion has ``finish_reason="tool"``, no token ids or
     log-probs (nothing was sampled), zero usage, ``model_id="tool:<name>"`` and the verdict in
-    ``metadata["verdict"]``.
+    ``metadata["verdict"]``. Tools are called with :meth:`Task.public`, never the task itself.
     """
 
     def __init__(self, tools: Mapping[str, ToolCallable]) -> None:
@@ -51,7 +51,8 @@ class ToolBackend:
         transcript = ctx.get("transcript", [])
         if not isinstance(transcript, Sequence) or isinstance(transcript, str):
             raise BackendError(f"request {i}: context['transcript'] must be a list of dicts")
-        result = self.tools[name](task, list(transcript))
+        # the tool sees the task's public view only: no answer, no solution-derived metadata
+        result = self.tools[name](task.public(), list(transcript))
         if not isinstance(result, ToolResult):
             raise BackendError(f"tool {name!r} returned {type(result).__name__}, expected ToolResult")
         return Completion(

@@ -127,8 +127,11 @@ def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
         ReproduceConfig(),
         [
             "out",
+            Opt("phase1.teams", "--teams"),
             Opt("phase1.train_episodes", "--train-episodes"),
+            Opt("phase1.validation_episodes", "--validation-episodes"),
             Opt("phase1.eval_episodes", "--episodes"),
+            Opt("phase1.seeds", "--seeds"),
             "report",
             *run_options("phase1.run"),
         ],

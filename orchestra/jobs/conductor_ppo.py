@@ -28,7 +28,7 @@ import numpy as np
 
 from envs.config import Embedder
 from envs.observation import ObservationEncoder
-from envs.tasks.base import Split
+from envs.tasks.base import SPLITS, Split
 from orchestra.jobs.rundir import write_run_config
 from orchestra.runtime.conductor_gym import Approval, ConductorGymEnv, SafetyRails, terminal_approval
 from orchestra.runtime.conductors import conductor_factory
@@ -161,9 +161,9 @@ def train_conductor_ppo(
     ``session`` reuses loaded workers; ``approve`` replaces the terminal approval hook (tests, GUIs).
     """
     run_dir = Path(out_dir)
-    if cfg.split not in ("train", "test"):
-        raise ValueError(f"split: expected train or test, got {cfg.split!r}")
-    split: Split = "train" if cfg.split == "train" else "test"
+    if cfg.split not in SPLITS:
+        raise ValueError(f"split: expected one of {', '.join(SPLITS)}, got {cfg.split!r}")
+    split: Split = cfg.split
     session = session or Session(cfg.team, cfg.family, cfg.use_cache, cfg.cache_path)
     team = session.team
     if cfg.embedder is not None:

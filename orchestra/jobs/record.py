@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from envs.tasks.base import Split
+from envs.tasks.base import SPLITS, Split
 from orchestra.jobs.rundir import append_metrics, write_run_config
 from orchestra.runtime.conductors import conductor_factory, split_spec
 from orchestra.runtime.rollout import RolloutEngine, RolloutStats, episode_metrics, plan_jobs
@@ -90,8 +90,8 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
     traj_path, run_dir = run_paths(out)
     session = session or Session.of(cfg.team, cfg.family, cfg.run)
     team, family = session.team, session.family
-    if cfg.split not in ("train", "test"):
-        raise ValueError(f"--split: expected train or test, got {cfg.split!r}")
+    if cfg.split not in SPLITS:
+        raise ValueError(f"--split: expected one of {', '.join(SPLITS)}, got {cfg.split!r}")
     seed = cfg.run.seed
     tasks = family.generate(cfg.split, cfg.episodes, seed, cfg.difficulty)
     specs = cfg.conductor_specs()

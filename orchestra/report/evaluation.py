@@ -20,7 +20,7 @@ import csv
 import dataclasses
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,16 @@ COLLAPSE_SHARE = 0.9  # "collapsed": one action sequence covers at least 90% of 
 Stat = Callable[..., Any]  # a reduction taking ``axis=``, as np.mean
 
 
-def is_rule_based(conductor: str) -> bool:
-    """A conductor name recorded by a rule-based scheduler (``policies.RULE_BASED``); learned ones
-    are recorded as ``LABEL`` or ``LABEL:CHECKPOINT`` and never collide with those names."""
-    return conductor in RULE_BASED
+MODEL_CONDUCTORS = ("llm", "human")  # conductors that are neither rules nor learned from the logs
+
+
+def is_rule_based(conductor: str, checkpoint: str | None = None) -> bool:
+    """A conductor recorded by a rule: a built-in one (``policies.RULE_BASED``) or a rule the team file
+    names (``conductors: {NAME: {type: pipeline, ...}}``). Learned conductors carry a checkpoint; the
+    LLM and human conductors are not rules either."""
+    if conductor in RULE_BASED:
+        return True
+    return checkpoint is None and conductor not in MODEL_CONDUCTORS
 
 
 # ----------------------------------------------------------------------------- intervals
@@ -158,7 +164,7 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
                 mean_turns=float(turns.mean()),
                 mean_tokens=float(tokens.mean()),
                 truncated_rate=float(np.mean([e.truncated for e in eps])),
-                rule_based=is_rule_based(conductor),
+                rule_based=is_rule_based(conductor, eps[0].conductor.checkpoint),
                 return_ci_low=r_lo,
                 return_ci_high=r_hi,
                 turns_ci_low=t_lo,
@@ -341,7 +347,7 @@ def paired_row(
         team=first.team.name,
         conductor=first.conductor.name,
         baseline=baseline_episodes[0].conductor.name,
-        rule_based=is_rule_based(first.conductor.name),
+        rule_based=is_rule_based(first.conductor.name, first.conductor.checkpoint),
         n_pairs=len(keys),
         success=float(c[:, 0].mean()) if len(keys) else math.nan,
         baseline_success=float(b[:, 0].mean()) if len(keys) else math.nan,
@@ -382,16 +388,22 @@ def paired_comparison(
     rows: Sequence[ResultRow] | None = None,
     n_resamples: int = N_RESAMPLES,
     seed: int = 0,
+    baselines: Mapping[tuple[str, str], str] | None = None,
 ) -> list[PairedRow]:
-    """Every conductor (learned first, then the other rule-based ones) against the best rule-based
-    conductor of its (family, team), Holm-adjusted across all the rows returned. Families without a
-    rule-based conductor get no rows."""
+    """Every conductor (learned first, then the other rule-based ones) against the baseline of its
+    (family, team), Holm-adjusted across all the rows returned. ``baselines`` names the baseline per
+    (family, team), e.g. the best fixed schedule chosen on validation; without it, the best rule-based
+    conductor *of these episodes* (chosen on the data it is compared on: fine for a quick look, not for a
+    released result). Families without a baseline get no rows."""
     groups = _group(episodes)
     rows = list(rows) if rows is not None else summarize([e for eps in groups.values() for e in eps], n_resamples, seed)
+    chosen = dict(baselines) if baselines is not None else best_rule_based(rows)
     out = []
-    for (family, team), baseline in best_rule_based(rows).items():
+    for (family, team), baseline in sorted(chosen.items()):
+        if (family, team, baseline) not in groups:
+            continue
         others = [c for (f, t, c) in groups if (f, t) == (family, team) and c != baseline]
-        others.sort(key=lambda c: (is_rule_based(c), c))
+        others.sort(key=lambda c: (is_rule_based(c, groups[(family, team, c)][0].conductor.checkpoint), c))
         for c in others:
             out.append(paired_row(groups[(family, team, c)], groups[(family, team, baseline)], n_resamples, seed))
     return adjust(out)
@@ -487,7 +499,7 @@ def mode_collapse(episodes: Iterable[Episode], threshold: float = COLLAPSE_SHARE
                 family=family,
                 team=team,
                 conductor=conductor,
-                rule_based=is_rule_based(conductor),
+                rule_based=is_rule_based(conductor, eps[0].conductor.checkpoint),
                 episodes=len(eps),
                 distinct=k,
                 entropy_bits=h,

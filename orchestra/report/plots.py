@@ -2,7 +2,10 @@
 
 * ``success.png`` — success rate per conductor within each family, 95% bootstrap CI error bars;
 * ``cost.png`` — success vs cost: one panel per family, x = mean tokens per episode, y = success
-  rate, one marker per conductor (circles rule-based, diamonds learned), CI error bars on both axes.
+  rate, one marker per conductor (circles rule-based, diamonds learned), CI error bars on both axes;
+* ``cost_quality.png`` (phase-1 benchmark) — the cost–quality plane of RouterBench (Hu et al. 2024): the
+  menu's schedules, the learners (mean over seeds), the oracle router, and the hull of the menu (its
+  Pareto frontier: no schedule is both cheaper and more successful than a point on it).
 """
 
 from __future__ import annotations
@@ -125,4 +128,53 @@ def plot_cost(rows: Sequence[ResultRow], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-__all__ = ["plot_cost", "plot_success"]
+def pareto_hull(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The non-dominated points (cost, quality), cheapest first: each is more successful than every
+    cheaper one."""
+    out: list[tuple[float, float]] = []
+    for c, q in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not out or q > out[-1][1]:
+            out.append((c, q))
+    return out
+
+
+def plot_cost_quality(
+    panels: dict[str, list[tuple[str, float, float, str]]],
+    path: Path,
+    title: str,
+    xlabel: str = "mean tokens per episode",
+) -> None:
+    """One panel per family; ``panels[family]`` lists (label, cost, success in [0, 1], kind) with kind
+    ``rule`` (a menu schedule), ``learned``, ``oracle`` or ``other``. The menu's hull is drawn as a step line."""
+    plt = _pyplot()
+    fams = sorted(panels) or ["(no data)"]
+    fig, axes = plt.subplots(1, len(fams), figsize=(4.4 * len(fams) + 0.6, 4.0), squeeze=False)
+    style = {
+        "rule": ("o", "tab:blue"),
+        "learned": ("D", "tab:red"),
+        "oracle": ("*", "tab:green"),
+        "other": ("x", "grey"),
+    }
+    for ax, fam in zip(axes[0], fams, strict=True):
+        pts = panels.get(fam, [])
+        hull = pareto_hull([(c, q) for _, c, q, k in pts if k == "rule"])
+        if hull:
+            xs = [hull[0][0]] + [p[0] for p in hull[1:] for _ in (0, 1)]
+            ys = [p[1] for p in hull for _ in (0, 1)][:-1]
+            ax.plot(xs, [100 * y for y in ys], "-", color="tab:blue", alpha=0.4, label="menu hull")
+        for label, c, q, kind in pts:
+            marker, colour = style.get(kind, style["other"])
+            ax.plot(c, 100 * q, marker, color=colour, markersize=11 if kind == "oracle" else 7)
+            ax.annotate(label, (c, 100 * q), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.set_title(fam)
+        ax.set_xlabel(xlabel)
+        ax.set_ylim(-2, 105)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("success rate on test (%)")
+    fig.suptitle(f"{title}: circles menu schedules, diamonds learned (mean over seeds), star oracle router", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["pareto_hull", "plot_cost", "plot_cost_quality", "plot_success"]

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -232,14 +233,14 @@ class OracleChoice:
     cost: float
 
 
-def oracle_router(outcomes: Mapping[str, Mapping[Hashable, tuple[bool, float]]]) -> dict[Hashable, OracleChoice]:
+def oracle_router(outcomes: Mapping[str, Mapping[Any, tuple[bool, float]]]) -> dict[Any, OracleChoice]:
     """Per task, the best schedule of the menu in hindsight (RouterBench's oracle): a successful one if
     any, the cheapest of those, ties by name. ``outcomes[schedule][task] = (success, cost)``; only tasks
     every schedule played count, so the oracle never sees a task some schedule skipped."""
     if not outcomes:
         return {}
     tasks = set.intersection(*(set(v) for v in outcomes.values()))
-    out: dict[Hashable, OracleChoice] = {}
+    out: dict[Any, OracleChoice] = {}
     for t in sorted(tasks, key=repr):
         best = min(outcomes, key=lambda s: (not outcomes[s][t][0], outcomes[s][t][1], s))
         ok, cost = outcomes[best][t]

@@ -23,6 +23,36 @@ from policies import (
 )
 
 CONDUCTOR_NAMES = ("round_robin", "random", "pipeline", "heuristic", "human", "llm")
+RULE_TYPES = ("round_robin", "pipeline", "heuristic")  # the deterministic rules a team file may name
+
+
+def conductor_type(team: TeamSpec, name: str) -> str:
+    """The kind of conductor ``name`` is in ``team``: a built-in name is its own type; a rule the team file
+    names (``conductors: {solve_only: {type: pipeline, steps: [...]}}``) has the ``type`` it declares."""
+    opts = team.conductors.get(name, {})
+    kind = str(opts.get("type", name))
+    if name not in CONDUCTOR_NAMES and name not in team.conductors:
+        raise PolicyError(
+            f"unknown conductor {name!r} (known: {', '.join(CONDUCTOR_NAMES)}; rules of {team.path.name}: "
+            f"{', '.join(n for n in team.conductors if n not in CONDUCTOR_NAMES) or 'none'})"
+        )
+    if name not in CONDUCTOR_NAMES and kind not in RULE_TYPES:
+        raise PolicyError(
+            f"{team.path}: conductors.{name}.type: give one of {', '.join(RULE_TYPES)} for a named rule, got {kind!r}"
+        )
+    return kind
+
+
+def team_rules(team: TeamSpec) -> list[str]:
+    """The deterministic rules of a team: the built-in ones it configures and every named rule, in file
+    order. This is the menu of fixed schedules the phase-1 benchmark chooses from and routes over."""
+    out = []
+    for name in team.conductors:
+        if name in CONDUCTOR_NAMES and name not in RULE_TYPES:
+            continue
+        conductor_type(team, name)
+        out.append(name)
+    return out
 
 
 def split_spec(spec: str) -> tuple[str, str | None]:
@@ -54,30 +84,32 @@ def conductor_factory(
 
         learned = load_conductor(checkpoint, cfg, ObservationEncoder(cfg), name=label)
         return lambda: learned  # learned conductors are stateless between decisions
+    kind = conductor_type(team, name)
     opts = _options(team, name)
+    opts.pop("type", None)
     where = f"{team.path}: conductors.{name}"
     try:
-        if name == "round_robin":
+        if kind == "round_robin":
             rounds = int(opts.get("rounds", 1))
             RoundRobinConductor(cfg, rounds)  # validate now, not on the first episode
             return lambda: RoundRobinConductor(cfg, rounds)
-        if name == "random":
+        if kind == "random":
             return lambda: RandomConductor(cfg, seed)
-        if name == "pipeline":
+        if kind == "pipeline":
             steps = opts.get("steps")
             if not steps:
                 raise PolicyError(f"{where}.steps: the team file defines no pipeline (a list of 'worker:instruction')")
             PipelineConductor(cfg, steps)
             return lambda: PipelineConductor(cfg, steps)
-        if name == "heuristic":
+        if kind == "heuristic":
             if "start" not in opts:
                 raise PolicyError(f"{where}.start: the team file defines no heuristic rules")
             rules = HeuristicRules(**opts)
             HeuristicConductor(cfg, rules)
             return lambda: HeuristicConductor(cfg, rules)
-        if name == "human":
+        if kind == "human":
             return lambda: HumanConductor(cfg)
-        if name == "llm":
+        if kind == "llm":
             key = opts.get("backend")
             if key is None:
                 raise PolicyError(f"{where}.backend: name the backend the LLM conductor uses")

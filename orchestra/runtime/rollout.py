@@ -302,7 +302,6 @@ class RolloutEngine:
             metadata={
                 "final_state": final_state,
                 "verdict_reason": verdict.reason if verdict is not None else "not submitted (turn budget spent)",
-                "task_kind": task.metadata.get("kind"),
             },
         )
 
