@@ -28,6 +28,8 @@ def test_learner_configurations_cover_every_alpha_and_keep_checkpoints() -> None
 
 
 def test_caveats_name_small_headroom_and_a_validation_choice_that_differs_on_test() -> None:
-    row = HeadroomRow("arithmetic", 150, "pipeline", 0.30, "heuristic", 0.34, 0.36, 0.06, "cql", 0.31, 0.01, 0.2, 0.1, 3)
+    row = HeadroomRow(
+        "arithmetic", 150, "pipeline", 0.30, "heuristic", 0.34, 0.36, 0.06, "cql", 0.31, 0.01, 0.2, 0.1, 3
+    )
     text = "\n".join(not_shown([row], [], Phase1Config()))
     assert "under 10" in text and "validation chose `pipeline`" in text and "No learned conductor" in text

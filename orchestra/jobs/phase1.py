@@ -489,7 +489,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         by = _by_task(eps)
         menu = [m for m in menus[name] if m in by]
         tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
-        outcomes = {m: {t: (by[m][t].success, float(by[m][t].usage.get("tokens", {}).get("total", 0)))
+        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens))
                         for t in tasks} for m in menu}  # fmt: skip
         oracle = stats.oracle_router(outcomes)
         o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
