@@ -1,9 +1,10 @@
 """The task contract (docs/architecture.md §3): a task, its verifier, a family that generates tasks, tool functions.
 
 A *family* generates tasks procedurally from a seed, with difficulty levels and a deterministic
-train/test split. Every task carries an exact verifier. A family also ships the deterministic *tools*
-its built-in team uses (calculator, constraint checker, plan validator, test runner): pure Python
-functions of the task and the transcript, wrapped as workers by ``orchestra.backends.tools``.
+train / validation / test split. Every task carries an exact verifier. A family also ships the deterministic
+*tools* its built-in team uses (calculator, constraint checker, plan validator, test runner): pure Python
+functions of the task's public view (:meth:`Task.public`) and the transcript, wrapped as workers by
+``orchestra.backends.tools``; they check what workers wrote and never solve a task alone (docs/benchmark.md).
 """
 
 from __future__ import annotations

@@ -401,7 +401,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
             cm, cs = stats.mean_sd(cap)
             head_rows.append(HeadroomRow(name, len(tasks), bf.conductor, bf.success_rate, bt.conductor, bt.success_rate,
                                          o_succ, stats.headroom(o_succ, bf.success_rate), f"{algo} ({released[name][algo]})",
-                                         sm, ss, cm, cs, len(labs)))  # fmt: skip
+                                         sm, ss, cm, cs, len(labs), o_cost))  # fmt: skip
             panels[fam_of[name]].append(
                 (algo, float(np.mean([team_rows[lab].mean_tokens for lab in labs])), sm, "learned")
             )

@@ -42,6 +42,7 @@ class HeadroomRow:
     captured_mean: float
     captured_sd: float
     seeds: int
+    oracle_tokens: float = float("nan")  # mean tokens per task of the oracle's picks
 
 
 def fqe_table_md(rows: Sequence[FQERow], selection: dict[str, stats.FQESelection]) -> str:
