@@ -100,40 +100,20 @@ def make_algo(cfg: OfflineConfig) -> Any:
     from d3rlpy.models.encoders import VectorEncoderFactory
 
     enc = VectorEncoderFactory(hidden_units=list(cfg.hidden_units))
+    base: dict[str, Any] = {"batch_size": cfg.batch_size, "learning_rate": cfg.learning_rate, "encoder_factory": enc}
     if cfg.algo in ("bc", "fbc"):
-        return d3rlpy.algos.DiscreteBCConfig(
-            batch_size=cfg.batch_size, learning_rate=cfg.learning_rate, encoder_factory=enc, beta=cfg.bc_beta
-        ).create(device=False)
+        return d3rlpy.algos.DiscreteBCConfig(**base, beta=cfg.bc_beta).create(device=False)
+    # the value-based learners share the Q-learning knobs
+    q = {**base, "gamma": cfg.gamma, "n_critics": cfg.n_critics, "target_update_interval": cfg.target_update_interval}
     if cfg.algo == "bcq":
         return d3rlpy.algos.DiscreteBCQConfig(
-            batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate,
-            encoder_factory=enc,
-            gamma=cfg.gamma,
-            action_flexibility=cfg.bcq_action_flexibility,
-            n_critics=cfg.n_critics,
-            beta=cfg.bc_beta,
-            target_update_interval=cfg.target_update_interval,
+            **q, action_flexibility=cfg.bcq_action_flexibility, beta=cfg.bc_beta
         ).create(device=False)
-    if cfg.algo in ("dqn", "ddqn"):
-        kind = d3rlpy.algos.DQNConfig if cfg.algo == "dqn" else d3rlpy.algos.DoubleDQNConfig
-        return kind(
-            batch_size=cfg.batch_size,
-            learning_rate=cfg.learning_rate,
-            encoder_factory=enc,
-            gamma=cfg.gamma,
-            n_critics=cfg.n_critics,
-            target_update_interval=cfg.target_update_interval,
-        ).create(device=False)
-    return d3rlpy.algos.DiscreteCQLConfig(
-        batch_size=cfg.batch_size,
-        learning_rate=cfg.learning_rate,
-        encoder_factory=enc,
-        gamma=cfg.gamma,
-        alpha=cfg.cql_alpha,
-        n_critics=cfg.n_critics,
-        target_update_interval=cfg.target_update_interval,
-    ).create(device=False)
+    if cfg.algo == "dqn":
+        return d3rlpy.algos.DQNConfig(**q).create(device=False)
+    if cfg.algo == "ddqn":
+        return d3rlpy.algos.DoubleDQNConfig(**q).create(device=False)
+    return d3rlpy.algos.DiscreteCQLConfig(**q, alpha=cfg.cql_alpha).create(device=False)
 
 
 def masked_argmax(scores: np.ndarray, masks: np.ndarray) -> np.ndarray:
