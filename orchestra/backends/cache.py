@@ -2,10 +2,11 @@
 
 Greedy (temperature-0) requests are cached: their output is a function of (model, prompt, parameters),
 so a hit returns exactly what generation would have produced. A sampled request is cached only where
-the backend draws it from its own seed and the request's (``seeded_sampling``: llama.cpp and
-transformers draw from ``np.random.default_rng([backend seed, request seed])``); then the sample is a
-function of (model, prompt, parameters with the seed, backend seed), the key holds all four, and a hit
-is exactly the sample the backend would draw. Each turn of an episode carries its own seed
+the backend draws it from its own seed and the request's and says so (``seeded_sampling``: llama.cpp
+draws from ``np.random.default_rng([backend seed, request seed])`` with fixed weights); then the sample
+is a function of (model, prompt, parameters with the seed, backend seed), the key holds all four, and a
+hit is exactly the sample the backend would draw. The transformers backend does not declare it: its
+LoRA adapters change during fine-tuning under the same name. Each turn of an episode carries its own seed
 (``orchestra.runtime.rollout.turn_seed``), so asking a worker again still draws afresh. Samples from a
 server (HTTP) are never cached: its seed handling is not ours to vouch for.
 
