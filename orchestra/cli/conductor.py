@@ -96,7 +96,7 @@ def _conductor_ppo(p: argparse.ArgumentParser, epilog: str) -> None:
             "difficulty",
             "resume",
             "seed",
-            Opt("use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
+            Opt("use_cache", "--no-cache", help="do not use the response cache"),
             Opt("cache_path", "--cache"),
             Opt("progress", "--quiet", help="no progress bar"),
         ],

@@ -14,7 +14,7 @@ def run_options(prefix: str = "run") -> list[str | Opt]:
     return [
         Opt(f"{prefix}.seed"),
         Opt(f"{prefix}.num_envs"),
-        Opt(f"{prefix}.use_cache", "--no-cache", help="do not use the response cache for temperature-0 calls"),
+        Opt(f"{prefix}.use_cache", "--no-cache", help="do not use the response cache"),
         Opt(f"{prefix}.cache_path", "--cache"),
         Opt(f"{prefix}.progress", "--quiet", help="no progress bar"),
         Opt(f"{prefix}.serial", "--serial"),

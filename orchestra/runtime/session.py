@@ -19,7 +19,7 @@ class RunOptions:
 
     seed: int = 0  # run seed: tasks and per-episode seeds derive from it
     num_envs: int = 8  # envs stepped at once; worker requests are batched across them
-    use_cache: bool = True  # the response cache for temperature-0 calls
+    use_cache: bool = True  # the response cache (greedy calls, and seeded samples from llama.cpp)
     cache_path: str | None = None  # response cache file; None = $ORCHESTRA_CACHE_DIR/responses.sqlite
     progress: bool = True  # progress bars on stderr
     # llama.cpp workers decode one request at a time from an empty KV cache (batch_size 1, no prefix cache), the
