@@ -225,14 +225,16 @@ def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]
     return out
 
 
-def initial_states(eps: Sequence[Episode]) -> tuple[np.ndarray, np.ndarray]:
-    """The first observation and action mask of each task (one per task id and seed)."""
+def initial_states(eps: Sequence[Episode], encoder: ObservationEncoder) -> tuple[np.ndarray, np.ndarray]:
+    """The first observation and action mask of each task (one per task id and seed), the observation re-encoded
+    from the recorded state with ``encoder``, so it has the layout the learners were trained with even when the
+    episodes were recorded under another encoder."""
     seen: dict[tuple[str, int], Episode] = {}
     for e in eps:
         seen.setdefault((e.task.id, e.seed), e)
     firsts = [seen[k] for k in sorted(seen)]
     return (
-        np.asarray([e.steps[0].observation for e in firsts], dtype=np.float32),
+        encoder.encode_many([e.steps[0].state for e in firsts]).astype(np.float32),
         np.asarray([e.steps[0].action_mask for e in firsts], dtype=np.int8),
     )
 
@@ -310,7 +312,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     selection: dict[str, stats.FQESelection] = {}
     for name in sessions:
         vrows = {r.conductor: r for r in summarize(val_eps[name])}
-        s0, m0 = initial_states([e for e in val_eps[name] if e.conductor.name == best_fixed[name]])
+        s0, m0 = initial_states([e for e in val_eps[name] if e.conductor.name == best_fixed[name]], encoders[name])
         for pol, folder in val_policies[name]:
             c = OfflineConductor.load(folder, Session(sessions[name], None, False, None).team.env, encoders[name])
             r = fqe_evaluate(
