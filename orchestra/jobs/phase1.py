@@ -141,16 +141,12 @@ def _stage(i: int, n: int, msg: str) -> None:
     print(f"[{i}/{n}] {msg}", flush=True)
 
 
-def menu_of(team: str) -> list[str]:
-    """A team's menu of fixed schedules: the rules of its team file."""
-    return team_rules(Session(team, None, False, None).team)
-
-
-def record_stage(cfg: Phase1Config, out: Path) -> dict[str, list[Path]]:
+def record_stage(
+    cfg: Phase1Config, out: Path, sessions: dict[str, Session], specs: dict[str, str]
+) -> dict[str, list[Path]]:
     files: dict[str, list[Path]] = {}
-    for team in cfg.teams:
-        session = Session.of(team, None, cfg.run)
-        name = session.team.name
+    for name, session in sessions.items():
+        team = specs[name]
         sources = cfg.record_conductors or [*team_rules(session.team), "random"]
         rule = out / "record" / f"{name}-rule.jsonl"
         rc = RecordConfig(team, ",".join(sources), cfg.train_episodes, "train", run=cfg.run)
@@ -245,18 +241,21 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     (out / "config.json").write_text(json.dumps({"phase1": asdict(cfg)}, indent=2), encoding="utf-8")
     n = 7
     configs = cfg.learner_configs()
+    sessions: dict[str, Session] = {}  # one per team, reused by every stage (workers, backends, cache)
+    specs: dict[str, str] = {}  # team name -> the team as given (built-in name or file)
+    for t in cfg.teams:
+        session = Session.of(t, None, cfg.run)
+        sessions[session.team.name], specs[session.team.name] = session, t
     _stage(
         1, n, f"recording the menu (+ ε={cfg.epsilon:g}) on {cfg.train_episodes} training tasks: {', '.join(cfg.teams)}"
     )
-    files = record_stage(cfg, out)
-
-    sessions = {Session.of(t, None, cfg.run).team.name: t for t in cfg.teams}
-    menus = {name: menu_of(team) for name, team in sessions.items()}
+    files = record_stage(cfg, out, sessions, specs)
+    menus = {name: team_rules(session.team) for name, session in sessions.items()}
     _stage(2, n, f"the menu on {cfg.validation_episodes} validation tasks per family: the best fixed schedule")
     val_eps: dict[str, list[Episode]] = {}
     best_fixed: dict[str, str] = {}
-    for name, team in sessions.items():
-        session = Session.of(team, None, cfg.run)
+    for name, session in sessions.items():
+        team = specs[name]
         eps = play(cfg, team, menus[name], "validation", cfg.validation_episodes,
                    out / "validation" / name / "menu.jsonl", session)  # fmt: skip
         val_eps[name] = eps
@@ -268,10 +267,10 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     encoders: dict[str, ObservationEncoder] = {}
     trained: dict[tuple[str, str], OfflineConductor] = {}
     for name, sources in files.items():
-        session = Session(sessions[name], None, False, None)
-        enc = ObservationEncoder(session.team.env)
+        env_cfg = sessions[name].team.env
+        enc = ObservationEncoder(env_cfg)
         encoders[name] = enc
-        ds = build_dataset(sources, session.team.env, enc)
+        ds = build_dataset(sources, env_cfg, enc)
         ds.save(out / "datasets" / f"{name}.npz")
         (out / "datasets" / f"{name}.summary.json").write_text(json.dumps(ds.summary(), indent=2))
         datasets[name] = ds
@@ -285,8 +284,8 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     marks = sorted({max(1, (epochs + 1) // 2), epochs})
     released: dict[str, dict[str, str]] = {}  # team -> algo -> config label
     val_policies: dict[str, list[tuple[str, Path]]] = {}
-    for name, team in sessions.items():
-        session = Session.of(team, None, cfg.run)
+    for name, session in sessions.items():
+        team = specs[name]
         pols = []
         for label, oc in configs.items():
             for ep in marks:
@@ -314,7 +313,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         vrows = {r.conductor: r for r in summarize(val_eps[name])}
         s0, m0 = initial_states([e for e in val_eps[name] if e.conductor.name == best_fixed[name]], encoders[name])
         for pol, folder in val_policies[name]:
-            c = OfflineConductor.load(folder, Session(sessions[name], None, False, None).team.env, encoders[name])
+            c = OfflineConductor.load(folder, sessions[name].team.env, encoders[name])
             r = fqe_evaluate(
                 c.predict,
                 datasets[name],
@@ -342,8 +341,8 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     test_eps: list[Episode] = []
     ledger = out / "test_ledger.jsonl"
     learners: dict[str, dict[str, list[str]]] = {}  # team -> algo -> labels per seed
-    for name, team in sessions.items():
-        session = Session.of(team, None, cfg.run)
+    for name, session in sessions.items():
+        team = specs[name]
         team_file = session.team.path.read_bytes()
         menu_path = out / "test" / name / "menu.jsonl"
         n_test = min(cfg.eval_episodes, cfg.test_caps.get(name, cfg.eval_episodes))
