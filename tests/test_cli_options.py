@@ -189,7 +189,7 @@ def test_help_renders_the_dataclass_defaults() -> None:
 
     flat = " ".join(out.split())
     assert f"(default: {LLM_CPU_TRAINER.delta})" in flat and f"(default: {LLM_CPU_TRAINER.num_stages})" in flat
-    assert "Adam learning rate" in flat  # the doc comment of TeamTRConfig.lr
+    assert "learning rate of each agent's optimizer" in flat  # the doc comment of TeamTRConfig.lr
 
 
 def test_finetune_precedence_defaults_then_config_file_then_flags(tmp_path: Any) -> None:

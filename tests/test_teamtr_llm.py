@@ -161,8 +161,10 @@ def _pg_grads(team: LLMTeam, agent: int, batch: LLMRollout) -> tuple[list[torch.
     """Gradient of the agent's PPO-clip loss (trainer.team_loss) w.r.t. every agent's adapter."""
     cfg = TeamTRConfig()
     with torch.no_grad():
+        adv = compute_advantages(batch, cfg)
         inputs = UpdateInputs(
-            advantages=compute_advantages(batch, cfg),
+            advantages=adv,
+            agent_advantages={agent: adv},
             old_logprobs={agent: team.logprobs(agent, batch)},
             old_logits={},
             ref_logprobs={},

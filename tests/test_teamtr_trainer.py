@@ -4,6 +4,7 @@ structural facts (docs/telephone-chain.md), the trust region, adapter isolation 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -109,6 +110,50 @@ def test_naive_is_order_invariant_and_equals_joint_indep() -> None:
     _assert_same(results[0], results[2])
     start = _params(_team(3))
     assert all(not torch.equal(start[i][k], results[0][i][k]) for i in range(3) for k in start[i])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_joint_and_naive_differ_once_the_joint_ratio_moves(optimizer: Literal["adam", "sgd"]) -> None:
+    """After the first step of a stage the joint ratio Π_j r_j is no longer 1, so joint's gradient for an agent is
+    scaled by the others' ratios and naive's is not: their parameters must differ after the stage. (With a fresh
+    Adam per update both took ≈ lr·sign(g) steps cut back to δ by the line search and came out the same.)"""
+    cfg = replace(BASE, num_epochs=2, num_minibatches=2, optimizer=optimizer, lr=1e-2 if optimizer == "adam" else 0.1)
+    assert cfg.optimizer_state == "persistent"  # the default
+    out: dict[str, list[dict[str, torch.Tensor]]] = {}
+    for scheme in ("naive", "joint"):
+        team = _team(3)
+        log = train(team, replace(cfg, scheme=scheme))
+        steps = [
+            v
+            for u in log.updates
+            for k, v in u.items()
+            if k.endswith("/optimizer_steps") and k != "trust/optimizer_steps"
+        ]
+        assert len(steps) == 3 and min(steps) >= 2  # every agent kept more than its first (ratio-1) step
+        out[scheme] = _params(team)
+    start = _params(_team(3))
+    gap = max(float((out["naive"][i][k] - out["joint"][i][k]).abs().max()) for i in range(3) for k in start[i])
+    moved = max(float((out["naive"][i][k] - start[i][k]).abs().max()) for i in range(3) for k in start[i])
+    assert moved > 0 and gap > 1e-3 * moved, (gap, moved)
+
+
+def test_persistent_optimizer_outlives_updates_and_fresh_does_not(tmp_path: Path) -> None:
+    """The default keeps one Adam per agent across that agent's updates: the checkpointed state after 3 stages has
+    counted every kept step of all 3 updates. optimizer_state='fresh' restarts it, so the parameters then differ."""
+    team = _team(2)
+    log = train(team, replace(BASE, num_stages=3), out_dir=tmp_path / "run")
+    kept_steps = sum(int(u["agent/agent_0/optimizer_steps"]) for u in log.updates if u["rollout/agent"] == 0.0)
+    assert kept_steps >= 3
+    opt_file = max((tmp_path / "run").rglob("optimizers/agent_0.pt"), key=str)  # the newest stage
+    state = torch.load(opt_file, weights_only=False)["state"]
+    steps = {int(v["step"]) for v in state.values()}
+    # Adam counts every step it took, the reverted ones included (a revert restores the parameters, not Adam)
+    assert min(steps) >= kept_steps
+    fresh, kept = _team(2), _team(2)
+    train(fresh, replace(BASE, num_stages=2, optimizer_state="fresh"))
+    train(kept, replace(BASE, num_stages=2))
+    a, b = _params(fresh), _params(kept)
+    assert any(not torch.equal(a[i][k], b[i][k]) for i in range(2) for k in a[i])
 
 
 def test_happo_with_one_agent_is_ppo() -> None:

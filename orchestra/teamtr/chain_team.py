@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -19,6 +20,8 @@ from orchestra.teamtr.chain import (
     ChainTeam,
     agent_logits,
     agent_logprobs,
+    exact_success,
+    policy_matrices,
     sample_rollouts,
     team_success,
 )
@@ -72,6 +75,23 @@ class ChainTrainable:
 
     def __init__(self, team: ChainTeam) -> None:
         self.team = team
+        # the policies as built (a resumed run builds the team as before): the ``reference`` null of coalition_value
+        self.reference = policy_matrices(team)
+
+    def coalition_value(self, present: frozenset[int], null: str) -> float:
+        """Exact J with only ``present`` acting (``CoalitionTeam``): an absent agent's policy matrix is replaced by
+        the identity (``drop``: the next agent reads the message before it), the uniform matrix (``uniform``), or
+        its policy when this adapter was built (``reference``)."""
+        v = self.team.vocab_size
+        mats = policy_matrices(self.team)
+        nulls = {"drop": np.eye(v), "uniform": np.full((v, v), 1.0 / v)}
+        if null not in (*nulls, "reference"):
+            raise ValueError(f"unknown credit null {null!r}; expected drop, uniform or reference")
+        out = [
+            m if i in present else (self.reference[i] if null == "reference" else nulls[null])
+            for i, m in enumerate(mats)
+        ]
+        return exact_success(out)
 
     @property
     def config(self) -> ChainConfig:

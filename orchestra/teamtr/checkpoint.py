@@ -13,7 +13,7 @@ Layout of ``out_dir`` (written by :func:`orchestra.teamtr.trainer.train`)::
             rng.pt               torch.Generator states (rollouts, orders), torch global (+ CUDA), numpy MT19937 keys
             adapters/{agent}.safetensors    every agent's trainable parameters (TrainableTeam.state)
             reference/{agent}.safetensors   the adapters at train start (only when ref_kl_coef > 0)
-            optimizers/{agent}.pt           Adam state_dict (only optimizer_state="persistent", once created)
+            optimizers/{agent}.pt           optimizer state_dict (only optimizer_state="persistent", once created)
             manifest.json        sha256 of every file above: a damaged file is named, never silently loaded
 
 Every ``.pt`` file holds only tensors, numbers, strings, lists, tuples and dicts and is read with
@@ -31,7 +31,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,7 +205,7 @@ class Checkpoint:
     agent_names: tuple[str, ...]
     adapters: list[dict[str, Tensor]]  # per agent, TrainableTeam.state
     references: list[dict[str, Tensor]] | None  # per agent, adapters at train start (ref_kl_coef > 0)
-    optimizers: list[dict[str, Any] | None]  # per agent, Adam state_dict or None
+    optimizers: list[dict[str, Any] | None]  # per agent, optimizer state_dict or None
     kl_coefs: list[float]  # per agent, penalty β_i
     generators: dict[str, Tensor]  # torch.Generator.get_state() by purpose ("rollout", "order")
     global_rng: dict[str, Tensor] = dataclasses.field(default_factory=dict)  # process-wide RNGs (filled on load)
@@ -459,10 +459,13 @@ def capture(
 
 
 def restore(
-    team: TrainableTeam[Any], ckpt: Checkpoint, generators: dict[str, torch.Generator], lr: float
+    team: TrainableTeam[Any],
+    ckpt: Checkpoint,
+    generators: dict[str, torch.Generator],
+    make_optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer],
 ) -> tuple[list[torch.optim.Optimizer | None], dict[int, dict[str, Tensor]] | None]:
     """Put a checkpoint back into ``team`` and ``generators`` and set the process-wide RNGs. Returns the per-agent
-    Adam (None where there was none) and the reference adapters (those at the ORIGINAL train start, or None)."""
+    optimizer built by ``make_optimizer`` with its saved state (None where there was none) and the reference adapters (those at the ORIGINAL train start, or None)."""
     source = ckpt.source or Path("<checkpoint>")
     if ckpt.agent_names != team.agent_names:
         raise CheckpointError(f"{source} holds agents {ckpt.agent_names}, the team has {team.agent_names}")
@@ -476,7 +479,7 @@ def restore(
         if opt_state is None:
             optimizers.append(None)
             continue
-        opt = torch.optim.Adam(team.parameters(i), lr=lr)
+        opt = make_optimizer(list(team.parameters(i)))
         try:
             opt.load_state_dict(opt_state)
         except (KeyError, ValueError, RuntimeError) as e:

@@ -86,6 +86,16 @@ class TrainableTeam(Protocol[BatchT]):
 
 
 @runtime_checkable
+class CoalitionTeam(Protocol):
+    """A team that can value a coalition of its agents (credit assignment, docs/algorithms.md §5.2): the team's
+    expected return when only the agents in ``present`` act with their current policies and every other agent is
+    replaced by ``null`` (``drop``: its message is removed and the next agent sees the one before; ``uniform``: a
+    uniformly random message; ``reference``: its policy when the team was built)."""
+
+    def coalition_value(self, present: frozenset[int], null: str) -> float: ...
+
+
+@runtime_checkable
 class ConfiguredTeam(Protocol):
     """A team that can describe itself: its own typed config (a dataclass), written into run directories and
     checkpoints next to the trainer's, and compared on resume."""

@@ -43,18 +43,31 @@ from orchestra.teamtr.checkpoint import (
     resolved_config,
     restore,
 )
-from orchestra.teamtr.config import SCHEMES, KLEstimator, Scheme, TeamTRConfig, seeded_generator
+from orchestra.teamtr.config import (
+    SCHEMES,
+    KLEstimator,
+    Scheme,
+    TeamTRConfig,
+    derive_seed,
+    make_optimizer,
+    seeded_generator,
+)
+from orchestra.teamtr.credit import leave_one_out_credit, shapley_exact, shapley_monte_carlo
 from orchestra.teamtr.losses import (
+    adaptive_kl_coef_lagrangian,
     adaptive_kl_coef_ppo,
+    adaptive_kl_coef_proportional,
+    agentwise_normalise,
     grpo_advantages,
     happo_factor,
+    informative_groups,
     kl_exact,
     kl_k3,
     masked_mean,
     ppo_clip_loss,
     sequence_logratio,
 )
-from orchestra.teamtr.protocols import BatchT, ConfiguredTeam, Metrics, RolloutBatch, TrainableTeam
+from orchestra.teamtr.protocols import BatchT, CoalitionTeam, ConfiguredTeam, Metrics, RolloutBatch, TrainableTeam
 from orchestra.teamtr.trust_region import backtrack, token_kl
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -64,18 +77,86 @@ from orchestra.teamtr.trust_region import backtrack, token_kl
 def compute_advantages(batch: RolloutBatch, cfg: TeamTRConfig) -> Tensor:
     """(B,) sequence advantages from the team return (docs/algorithms.md §2.2 step (2)).
 
-    ``grpo``: (R − mean_g R) / (std_g R + eps) within each group g of ``batch.group_ids``; ``batch_mean``: the same
-    with the whole batch as one group (R − mean R, over std if ``adv_scale``). Clipped to [−A_max, A_max].
+    ``grpo`` (and ``drmas``, whose per-agent form is :func:`agent_advantages`): (R − mean_g R) / (std_g R + eps)
+    within each group g of ``batch.group_ids``; ``batch_mean``: the same with the whole batch as one group (R − mean
+    R, over std if ``adv_scale``). Clipped to [−A_max, A_max].
     """
-    groups = batch.group_ids if cfg.advantage == "grpo" else torch.zeros_like(batch.rewards, dtype=torch.long)
+    groups = batch.group_ids if cfg.advantage != "batch_mean" else torch.zeros_like(batch.rewards, dtype=torch.long)
     return grpo_advantages(batch.rewards, groups, scale=cfg.adv_scale, max_abs=cfg.adv_max)
+
+
+def agent_advantages(
+    batch: RolloutBatch,
+    cfg: TeamTRConfig,
+    agents: Sequence[int],
+    sequence: Tensor,
+    credit: dict[int, float] | None = None,
+) -> dict[int, Tensor]:
+    """Agent i's (B,) advantages: the sequence advantages, or with ``drmas`` the team return normalised per (group,
+    agent) over the episodes where agent i has tokens (Dr. MAS agent-wise normalisation, docs/algorithms.md §5.1;
+    0 where it has none); times agent i's credit weight when ``credit`` is given (§5.2)."""
+    out: dict[int, Tensor] = {}
+    if cfg.advantage == "drmas":
+        spoke = [torch.nonzero(batch.mask[i].any(dim=-1)).flatten() for i in agents]  # rows with own tokens
+        values = torch.cat([batch.rewards[r] for r in spoke])
+        tasks = torch.cat([batch.group_ids[r] for r in spoke])
+        who = torch.cat([torch.full((len(r),), i, dtype=torch.long) for i, r in zip(agents, spoke, strict=True)])
+        adv = (
+            agentwise_normalise(values, tasks, who, scale=cfg.adv_scale, max_abs=cfg.adv_max) if len(values) else values
+        )
+        start = 0
+        for i, rows in zip(agents, spoke, strict=True):
+            a = torch.zeros(batch.batch_size, dtype=sequence.dtype)
+            a[rows] = adv[start : start + len(rows)].to(sequence.dtype)
+            out[i], start = a, start + len(rows)
+    else:
+        out = {i: sequence for i in agents}
+    if credit is not None:
+        out = {i: a * credit[i] for i, a in out.items()}
+    return out
+
+
+def credit_weights(
+    team: TrainableTeam[Any], cfg: TeamTRConfig, stage: int
+) -> tuple[dict[int, float], dict[int, float]]:
+    """Per-agent credit φ_i of the team as it is now (``cfg.credit``: leave-one-out, or Shapley values, exact or by
+    antithetic Monte-Carlo permutations) and the advantage weights w_i = clip(n·φ_i / Σ_j |φ_j|, 0, w_max)
+    (docs/algorithms.md §5.2; [inferred]: equal credit gives every agent weight 1, a dummy agent 0). The coalition
+    values come from the team (:class:`CoalitionTeam`), with ``cfg.credit_null`` for the agents left out."""
+    if not isinstance(team, CoalitionTeam):
+        raise ValueError(
+            f"credit={cfg.credit!r} needs a team that can value coalitions of its agents (coalition_value); "
+            f"{type(team).__name__} has none"
+        )
+    n = len(team.agent_names)
+    agents = list(range(n))
+    values: dict[frozenset[int], float] = {}
+
+    def value(present: frozenset[int]) -> float:  # each coalition once (common random numbers across marginals)
+        if present not in values:
+            values[present] = team.coalition_value(present, cfg.credit_null)
+        return values[present]
+
+    if cfg.credit == "loo":
+        phi = leave_one_out_credit(value, agents)
+    elif cfg.credit_samples == 0:
+        phi = shapley_exact(value, agents)
+    else:
+        rng = np.random.default_rng(derive_seed(cfg.seed, 3, stage))
+        phi = shapley_monte_carlo(
+            value, agents, cfg.credit_samples, rng=rng, antithetic=cfg.credit_samples % 2 == 0
+        ).values
+    total = sum(abs(v) for v in phi.values())
+    weights = {i: min(max(n * phi[i] / total, 0.0), cfg.credit_max_weight) if total > 0 else 1.0 for i in agents}
+    return {i: float(phi[i]) for i in agents}, weights
 
 
 @dataclass
 class UpdateInputs:
     """Frozen full-batch tensors of one update, computed before its first step (π_i^cur = the pre-update policy)."""
 
-    advantages: Tensor  # (B,)
+    advantages: Tensor  # (B,) sequence advantages (the joint ratio's)
+    agent_advantages: dict[int, Tensor]  # agent → (B,) its own advantages (drmas, credit; else the sequence ones)
     old_logprobs: dict[int, Tensor]  # agent → (B, T) log π_i^cur of the batch's tokens
     old_logits: dict[int, Tensor]  # agent → (B, T, V) π_i^cur logits (only when the KL needs them)
     ref_logprobs: dict[int, Tensor]  # agent → (B, T) log π_i^ref (only when ref_kl_coef > 0)
@@ -84,6 +165,7 @@ class UpdateInputs:
     def rows(self, rows: Tensor) -> UpdateInputs:
         return UpdateInputs(
             advantages=self.advantages[rows],
+            agent_advantages={i: t[rows] for i, t in self.agent_advantages.items()},
             old_logprobs={i: t[rows] for i, t in self.old_logprobs.items()},
             old_logits={i: t[rows] for i, t in self.old_logits.items()},
             ref_logprobs={i: t[rows] for i, t in self.ref_logprobs.items()},
@@ -107,7 +189,8 @@ def team_loss(
 
     Per agent i (own tokens u, mask m_i; r_u = π_i^θ/π_i^cur):
         L_i = aggregate_u −min(r_u Â, clip(r_u, 1−ε_lo, 1+ε_hi) Â)        (Â × HAPPO factor M for ``happo``)
-    ``joint_ratio`` (scheme ``joint``, MAPPO-style): one ratio per SEQUENCE, ρ(τ) = Π_i Π_u r_{i,u}
+    ``joint_ratio`` (scheme ``joint``, a product-ratio joint PPO, not MAPPO: MAPPO clips each agent's own ratio,
+    which is ``joint_indep``): one ratio per SEQUENCE, ρ(τ) = Π_i Π_u r_{i,u}
         L = mean_τ −min(ρ Â, clip(ρ) Â)
     otherwise L = Σ_i L_i (a sum: each agent's gradient is exactly that of its own L_i).
     Plus, per agent: β_i · D̂_i^tok(π_cur‖π_θ) in penalty mode, and ref_kl_coef · k3 KL(π_θ‖π_ref).
@@ -130,6 +213,7 @@ def team_loss(
             epsilon_low=cfg.epsilon_low,
             epsilon_high=cfg.epsilon_high,
             aggregation=cfg.aggregation,
+            dual_clip_c=cfg.dual_clip_c,
         )
     else:
         loss = torch.zeros(())
@@ -137,20 +221,22 @@ def team_loss(
             loss_i, m_i = ppo_clip_loss(
                 logps[i],  # (B, T)
                 mb_in.old_logprobs[i],  # (B, T)
-                mb_in.advantages,  # (B,)
+                mb_in.agent_advantages[i],  # (B,)
                 mb.mask[i],  # (B, T)
                 epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high,
                 aggregation=cfg.aggregation,
                 happo_factor=mb_in.happo_factor,
+                dual_clip_c=cfg.dual_clip_c,
             )
             loss = loss + loss_i
             metrics.update({f"mb/{i}/{k}": v for k, v in m_i.items()})
     for i in agents:
         if cfg.trust_region == "penalty":
             kl_i = token_kl(
-                team, i, mb, mb_in.old_logprobs[i], mb_in.old_logits.get(i), kl_estimator, logp=logps[i]
-            )  # D̂_i^tok, differentiable
+                team, i, mb, mb_in.old_logprobs[i], mb_in.old_logits.get(i), kl_estimator, logp=logps[i],
+                direction=cfg.kl_direction,
+            )  # D̂_i^tok, differentiable  # fmt: skip
             loss = loss + kl_coefs[i] * kl_i
         if cfg.ref_kl_coef > 0:
             # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref)
@@ -168,8 +254,17 @@ def team_loss(
 class AgentState:
     """Per-agent state that outlives an update."""
 
-    optimizer: torch.optim.Optimizer | None = None  # persistent Adam (optimizer_state="persistent")
+    optimizer: torch.optim.Optimizer | None = None  # the agent's kept optimizer (optimizer_state="persistent")
     kl_coef: float = 1.0  # penalty mode β_i
+
+
+def penalty_update(beta: float, kl: float, delta: float, batch_size: int, cfg: TeamTRConfig) -> float:
+    """β_i after an update in penalty mode, by ``cfg.kl_penalty_rule`` (docs/algorithms.md §2.4 options 2–3)."""
+    if cfg.kl_penalty_rule == "proportional":
+        return adaptive_kl_coef_proportional(beta, kl, delta, n_steps=batch_size, horizon=cfg.kl_penalty_horizon)
+    if cfg.kl_penalty_rule == "lagrangian":
+        return adaptive_kl_coef_lagrangian(beta, kl, delta, lr=cfg.kl_penalty_lr)
+    return adaptive_kl_coef_ppo(beta, kl, delta, tolerance=cfg.kl_penalty_tolerance, factor=cfg.kl_penalty_factor)
 
 
 def _make_trainable(team: TrainableTeam[Any], agents: Sequence[int]) -> None:
@@ -210,6 +305,7 @@ def update_agents(
     shuffle: torch.Generator,
     happo_weights: Tensor | None = None,
     ref_states: dict[int, dict[str, Tensor]] | None = None,
+    credit: dict[int, float] | None = None,
 ) -> tuple[Metrics, dict[int, Tensor]]:
     """Update ``agents`` (one for the sequential schemes) on ``batch``: PPO-clip epochs of :func:`team_loss`,
     per-agent trust region after every optimizer step (docs/algorithms.md §2.2 steps (2)–(5), §2.4).
@@ -227,8 +323,10 @@ def update_agents(
 
     # (2)-(3) advantages and the frozen π_i^cur quantities on the whole batch
     with torch.no_grad():
+        sequence_adv = compute_advantages(batch, cfg)
         inputs = UpdateInputs(
-            advantages=compute_advantages(batch, cfg),
+            advantages=sequence_adv,
+            agent_advantages=agent_advantages(batch, cfg, agents, sequence_adv, credit),
             old_logprobs={i: team.logprobs(i, batch).detach() for i in agents},
             old_logits={i: team.logits(i, batch).detach() for i in agents} if team.has_logits else {},
             ref_logprobs=(
@@ -252,12 +350,12 @@ def update_agents(
     for i in agents:
         if cfg.optimizer_state == "persistent":
             if states[i].optimizer is None:
-                states[i].optimizer = torch.optim.Adam(team.parameters(i), lr=cfg.lr)
+                states[i].optimizer = make_optimizer(team.parameters(i), cfg)
             opt = states[i].optimizer
             assert opt is not None
             optimizers[i] = opt
         else:
-            optimizers[i] = torch.optim.Adam(team.parameters(i), lr=cfg.lr)
+            optimizers[i] = make_optimizer(team.parameters(i), cfg)
     kl_coefs = {i: states[i].kl_coef for i in agents}
 
     # (4) PPO epochs; the trust region ends an agent's update once its budget binds
@@ -319,22 +417,19 @@ def update_agents(
     logratios: dict[int, Tensor] = {}
     with torch.no_grad():
         for i in agents:
-            if cfg.trust_region == "penalty":
-                measured = float(token_kl(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator))
-                states[i].kl_coef = adaptive_kl_coef_ppo(
-                    kl_coefs[i],
-                    measured,
-                    deltas[i],
-                    tolerance=cfg.kl_penalty_tolerance,
-                    factor=cfg.kl_penalty_factor,
-                )
             cached = final_logp[i]  # the last trust-region check already evaluated the final parameters
             new = team.logprobs(i, batch).detach() if cached is None else cached  # (B, T)
+            kl_trust = float(
+                token_kl(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator, logp=new,
+                         direction=cfg.kl_direction)
+            )  # the enforced estimate at the kept parameters  # fmt: skip
+            if cfg.trust_region == "penalty":
+                states[i].kl_coef = penalty_update(kl_coefs[i], kl_trust, deltas[i], batch.batch_size, cfg)
             logratios[i] = sequence_logratio(new, inputs.old_logprobs[i], batch.mask[i], reduce=cfg.happo_reduce)
             _, surr = ppo_clip_loss(
                 new,
                 inputs.old_logprobs[i],
-                inputs.advantages,
+                inputs.agent_advantages[i],
                 batch.mask[i],
                 epsilon_low=cfg.epsilon_low,
                 epsilon_high=cfg.epsilon_high,
@@ -343,7 +438,7 @@ def update_agents(
             kls = {"kl_k1": surr["kl/approx_k1"], "kl_k3": surr["kl/approx_k3"]}
             if i in inputs.old_logits:
                 kls["kl_exact"] = float(kl_exact(team.logits(i, batch), inputs.old_logits[i], batch.mask[i]))
-            kls["kl_trust"] = kls[f"kl_{estimator}"]
+            kls["kl_trust"] = kl_trust
             per_agent: Metrics = {
                 "surrogate_gain": surr["losses/surrogate_gain"],
                 "clip_fraction": surr["losses/clip_fraction"],
@@ -351,7 +446,10 @@ def update_agents(
                 **kls,
                 "delta": deltas[i],
                 "backtracks": float(backtracks[i]),
-                "accepted": float(status[i] != "reverted"),
+                # accepted: the update moved the agent (some step kept). A later epoch's reverted step leaves the
+                # earlier epochs' steps in place, so "the last step was reverted" is its own flag.
+                "accepted": float(steps[i] > 0),
+                "last_step_reverted": float(status[i] == "reverted"),
                 "early_stopped": float(status[i] in ("shortened", "reverted")),
                 "optimizer_steps": float(steps[i]),
                 "behaviour_gap": gaps[i],
@@ -374,7 +472,7 @@ def update_agents(
             "kl/k3": _mean("kl_k3"),
             "kl/trust": _mean("kl_trust"),
             "trust/backtracks": float(sum(backtracks.values())),
-            "trust/accepted": float(all(status[i] != "reverted" for i in agents)),
+            "trust/accepted": float(all(steps[i] > 0 for i in agents)),
             "trust/optimizer_steps": float(sum(steps.values())),
         }
     )
@@ -454,7 +552,7 @@ def train(
         ref_states = {i: team.state(i) for i in range(n)} if cfg.ref_kl_coef > 0 else None
     else:
         assert run is not None
-        optimizers, ref_states = restore(team, ckpt, generators, cfg.lr)
+        optimizers, ref_states = restore(team, ckpt, generators, lambda ps: make_optimizer(ps, cfg))
         for i in range(n):
             states[i].optimizer, states[i].kl_coef = optimizers[i], ckpt.kl_coefs[i]
         first_stage, c = ckpt.stage, ckpt.counters
@@ -462,14 +560,26 @@ def train(
         wall_seconds, success = float(c["wall_seconds"]), c["success"]
         log.updates, log.stages = list(run.writers["updates"].rows), list(run.writers["stages"].rows)
     t_start = time.perf_counter() - wall_seconds  # perf/wall_seconds continues across a resume
+    informative = 1.0  # share of the last sampled batch in informative groups (DAPO filter)
 
     def sample() -> tuple[BatchT, float]:
-        nonlocal episodes, tokens
+        """A batch of the current team; with the DAPO filter, its informative groups only: batches are drawn (all
+        of them counted as sampled) until one has at least one, up to ``dapo_max_batches``; the last one is kept
+        whole if none has (its advantages are then all 0)."""
+        nonlocal episodes, tokens, informative
         t0 = time.perf_counter()
-        with torch.no_grad():
-            b = team.sample(cfg.batch_size, rollout_gen)
-        episodes += b.batch_size
-        tokens += b.num_tokens
+        for _ in range(cfg.dapo_max_batches if cfg.dapo_filter else 1):
+            with torch.no_grad():
+                b = team.sample(cfg.batch_size, rollout_gen)
+            episodes += b.batch_size
+            tokens += b.num_tokens
+            if not cfg.dapo_filter:
+                break
+            keep = informative_groups(b.rewards, b.group_ids)
+            informative = float(keep.float().mean())
+            if bool(keep.any()):
+                b = b.select(torch.nonzero(keep).flatten())
+                break
         return b, time.perf_counter() - t0
 
     for stage in range(first_stage, cfg.num_stages):
@@ -479,6 +589,7 @@ def train(
         updates = [tuple(order)] if cfg.scheme in ("joint", "joint_indep") else [(i,) for i in order]
         stale, stale_seconds = sample() if cfg.scheme != "teamtr" else (None, 0.0)
         prev_logratios: list[Tensor] = []  # HAPPO: (B,) per earlier-updated agent of this stage
+        phi, credit = credit_weights(team, cfg, stage) if cfg.credit != "none" else ({}, None)
         certificate_gain = certificate_penalty = 0.0
         for position, agents in enumerate(updates):
             # the ONLY difference between the schemes: where the data comes from
@@ -506,6 +617,7 @@ def train(
                 shuffle=seeded_generator(cfg.seed, 2, stage, batch_index),
                 happo_weights=weights,
                 ref_states=ref_states,
+                credit=credit,
             )
             update_seconds = time.perf_counter() - t0
             if hooks.after_update is not None:
@@ -527,6 +639,10 @@ def train(
                     "rollout/episodes": float(episodes),
                     "rollout/tokens": float(tokens),
                     "rollout/reward_mean": float(batch.rewards.float().mean()),
+                    "rollout/batch_episodes": float(batch.batch_size),
+                    **({"rollout/informative_fraction": informative} if cfg.dapo_filter else {}),
+                    **{f"credit/{team.agent_names[j]}/phi": phi[j] for j in range(n) if credit is not None},
+                    **{f"credit/{team.agent_names[j]}/weight": credit[j] for j in range(n) if credit is not None},
                     **metrics,
                     "perf/sample_seconds": sample_seconds,
                     "perf/update_seconds": update_seconds,

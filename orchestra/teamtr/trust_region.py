@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from orchestra.teamtr.config import KLEstimator, TeamTRConfig
-from orchestra.teamtr.losses import kl_exact, kl_k1, kl_k3, masked_mean
+from orchestra.teamtr.config import KLDirection, KLEstimator, TeamTRConfig
+from orchestra.teamtr.losses import kl_exact, kl_k1, kl_k2, kl_k3, kl_swapped_k3, masked_mean
 from orchestra.teamtr.protocols import BatchT, TrainableTeam
 
 
@@ -21,22 +21,43 @@ def token_kl(
     estimator: KLEstimator,
     *,
     logp: Tensor | None = None,
+    direction: KLDirection = "cur_theta",
 ) -> Tensor:
-    """D̂_agent^tok(π_cur‖π_θ): per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a
-    scalar tensor.
+    """D̂_agent^tok: per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a scalar tensor.
+
+    ``direction`` ``cur_theta``: KL(π_cur‖π_θ), the default; ``theta_cur``: KL(π_θ‖π_cur). The tokens were sampled by
+    π_cur (q), r = π_θ/π_cur:
+
+    ========  ===========================  ================================
+    estimator KL(π_cur‖π_θ)                KL(π_θ‖π_cur)
+    ========  ===========================  ================================
+    exact     Σ_v π_cur (log π_cur − log π_θ)  Σ_v π_θ (log π_θ − log π_cur)
+    k1        −log r (unbiased)            r log r (unbiased)
+    k2        ½ (log r)² (biased)          ½ (log r)² (the same: symmetric to 2nd order)
+    k3        (r − 1) − log r (unbiased)   r log r − (r − 1) (swapped k3, unbiased)
+    ========  ===========================  ================================
 
     ``old_logprobs`` (B, T): log π_cur of the batch's tokens; ``old_logits`` (B, T, V): π_cur's logits (needed by
-    ``exact`` only). The tokens were sampled by π_cur, so k1 / k3 take logq = old, logp = new; exact sums over the
-    vocabulary.
+    ``exact`` only).
     """
     mask = batch.mask[agent]
     if estimator == "exact":
         if old_logits is None:
             raise ValueError("the exact KL needs the pre-update logits")
-        return kl_exact(team.logits(agent, batch), old_logits, mask)
+        new_logits = team.logits(agent, batch)
+        if direction == "cur_theta":
+            return kl_exact(new_logits, old_logits, mask)  # kl_exact(p, q) = KL(q‖p)
+        return kl_exact(old_logits, new_logits, mask)
     new = team.logprobs(agent, batch) if logp is None else logp
     old = old_logprobs
-    return masked_mean(kl_k3(new, old) if estimator == "k3" else kl_k1(new, old), mask)
+    if estimator == "k2":
+        return masked_mean(kl_k2(new, old), mask)
+    if direction == "cur_theta":
+        return masked_mean(kl_k3(new, old) if estimator == "k3" else kl_k1(new, old), mask)
+    if estimator == "k3":
+        return masked_mean(kl_swapped_k3(new, old), mask)
+    log_r = new - old
+    return masked_mean(torch.exp(log_r) * log_r, mask)  # k1 of the other direction: E_q[r log r] = KL(p‖q)
 
 
 def backtrack(
@@ -60,7 +81,8 @@ def backtrack(
 
     def measure() -> tuple[float, Tensor | None]:
         logp = None if estimator == "exact" else team.logprobs(agent, batch).detach()
-        return float(token_kl(team, agent, batch, old_logprobs, old_logits, estimator, logp=logp)), logp
+        kl = token_kl(team, agent, batch, old_logprobs, old_logits, estimator, logp=logp, direction=cfg.kl_direction)
+        return float(kl), logp
 
     with torch.no_grad():
         kl, logp = measure()
