@@ -230,3 +230,46 @@ def test_demo_phase2_runs_bench_and_align_and_resumes(tmp_path: Path, capsys: py
     assert (bench / "runs.csv").read_bytes() == runs_before  # resumed: nothing re-run
     assert json.loads((tmp_path / "phase2" / "align" / "report.json").read_text()) == report
     assert "swap shock" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the controls and the new readings
+
+
+def test_controls_have_teamtr_s_data_volume() -> None:
+    """stale_indep (a trainer scheme) and naive_bigB (a bench variant: naive with n × the batch) sample teamtr's
+    episodes per stage, so the equal-episodes accounting reads them at equal stages."""
+    cfg = BenchConfig.demo(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"))
+    big = trainer_config(cfg, 4, 0, "naive_bigB")
+    assert big.scheme == "naive" and big.batch_size == 4 * cfg.batch_size and big.num_stages == cfg.num_stages
+    indep = trainer_config(cfg, 4, 0, "stale_indep")
+    assert indep.scheme == "stale_indep" and indep.batch_size == cfg.batch_size and indep.num_stages == cfg.num_stages
+    assert cfg.stages_for("naive", 4) == 4 * cfg.num_stages
+
+
+def test_stale_gap_certificate_and_alpha_readings(tmp_path: Path) -> None:
+    from orchestra.teamtr.bench.analysis import drift_terms
+    from orchestra.teamtr.chain import exact_success_with, exact_surrogate, policy_matrices, stale_gap_terms
+
+    cfg = BenchConfig.smoke(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"), ns=(2, 3, 4))
+    result = run_bench(cfg, tmp_path, progress=False)
+    rows = _csv(tmp_path / "runs.csv")
+    gaps = {s: [float(r["stale_gap"]) for r in rows if r["scheme"] == s and r["stage"] != "0"] for s in cfg.schemes}
+    assert all(g == 0.0 for g in gaps["teamtr"])  # a fresh batch has no stale gap
+    assert all(max(gaps[s]) > 0 for s in ("naive", "stale_indep", "naive_bigB"))
+    cert = _csv(tmp_path / "certificate.csv")
+    assert [r["scheme"] for r in cert] == list(cfg.schemes)
+    assert all(int(r["stages"]) > 0 for r in cert)
+    alpha = {r["scheme"]: r for r in _csv(tmp_path / "alpha.csv")}
+    assert alpha["teamtr"]["alpha_b_without_n2"] and alpha["naive"]["alpha_b_vs_terms"]
+    assert drift_terms("teamtr", 8) == 7 and drift_terms("naive", 8) == 28
+    assert "Certificate proxy" in result.section("certificate")
+    # the exact surrogate of a change is the first-order change of J
+    team = ChainTeam(chain_config(cfg, 3, 0))
+    warm_start(team)
+    mats = policy_matrices(team)
+    v = mats[1].shape[0]
+    tilt = 1e-4 * (np.eye(v) - 1.0 / v)  # rows sum to 0: stays a policy to first order
+    lin = exact_surrogate(mats, 1, mats[1], mats[1] + tilt)
+    assert lin == pytest.approx(exact_success_with(mats, 1, mats[1] + tilt) - exact_success_with(mats, 1, mats[1]))
+    assert stale_gap_terms([mats, mats], [1], "fresh")[0] == 0.0

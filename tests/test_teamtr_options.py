@@ -265,3 +265,49 @@ def test_every_option_the_readme_names_is_reached_by_a_config() -> None:
         if other is not None:
             ref = run(other)
             assert any(not torch.equal(got[i][k], ref[i][k]) for i in range(3) for k in got[i]), (phrase, override)
+
+
+def test_stale_gap_is_measured_without_touching_training() -> None:
+    """Naive's stale gap compares each update's surrogate gain on the stale batch with its gain on a fresh batch of
+    the team as it is (a separate random stream: the trained parameters are bit-identical with and without the
+    measurement); teamtr trains on the fresh batch, so its gap is 0 by construction."""
+    cfg = replace(BASE, scheme="naive", num_stages=2, stale_gap_batch=256)
+    measured, plain = _team(3), _team(3)
+    log = train(measured, cfg)
+    train(plain, replace(cfg, stale_gap_batch=0))
+    a, b = _params(measured), _params(plain)
+    assert all(torch.equal(a[i][k], b[i][k]) for i in range(3) for k in a[i])
+    gaps = [u["stale/gap"] for u in log.updates]
+    assert all(g >= 0 for g in gaps) and max(gaps) > 0
+    later = [u["stale/gap"] for u in log.updates if u["rollout/position"] > 0]
+    assert max(later) > 0
+    fresh = train(_team(3), replace(cfg, scheme="teamtr"))
+    assert all(u["stale/gap"] == 0.0 for u in fresh.updates)
+
+
+def test_stale_indep_samples_a_new_batch_per_agent_from_the_stage_start_team() -> None:
+    """The control of freshness vs data volume: as many batches as teamtr (one per agent), each sampled by the team
+    as it was at the stage start — so an earlier-updated agent's behaviour log-probs are its stage-start ones."""
+    team = _team(3)
+    start = [team.state(i) for i in range(3)]
+    seen: list[tuple[int, ChainRollout, float]] = []
+
+    def before(stage: int, agents: tuple[int, ...], batch: ChainRollout) -> None:
+        if stage == 0:  # compare with the stage-start team (stage 0 starts at `start`)
+            now = [team.state(i) for i in range(3)]
+            for i in range(3):
+                team.load_state(i, start[i])
+            with torch.no_grad():
+                gap = max(float((batch.behaviour_logprobs[j] - team.logprobs(j, batch)).abs().max()) for j in range(3))
+            for i in range(3):
+                team.load_state(i, now[i])
+            seen.append((agents[0], batch, gap))
+
+    log = train(team, replace(BASE, scheme="stale_indep", num_stages=1), hooks=TrainHooks(before_update=before))
+    assert len(seen) == 3 and all(gap < 1e-5 for _, _, gap in seen)  # every batch: the stage-start team's
+    assert not torch.equal(seen[0][1].chain.messages, seen[1][1].chain.messages)  # independent batches
+    assert log.stages[0]["rollout/episodes"] == 3 * BASE.batch_size  # teamtr's data volume
+    # the agent updated first has moved, so a batch of the current team would not have come from these policies
+    with torch.no_grad():
+        moved = float((seen[2][1].behaviour_logprobs[seen[0][0]] - team.logprobs(seen[0][0], seen[2][1])).abs().max())
+    assert moved > 1e-4

@@ -35,7 +35,12 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
         [
             "out",
             Opt("bench.ns", "--ns"),
-            Opt("bench.schemes", "--schemes"),
+            Opt(
+                "bench.schemes",
+                "--schemes",
+                help="trainer schemes (teamtr naive joint joint_indep happo stale_indep) "
+                "and controls (naive_bigB: naive with n× the batch)",
+            ),  # fmt: skip
             Opt("bench.seeds", "--seeds"),
             Opt("bench.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
             Opt("bench.trainer.batch_size", "--batch-size"),
@@ -56,7 +61,7 @@ _WARM_PASS = (
     "warm-start per-hop pass probability (0.85: the reliable-agent regime; 0.55: the study's non-saturating regime "
     "for team success)"
 )
-_NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the non-teamtr schemes run n× shorter)"
+_NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the schemes that sample one batch per stage run n× shorter)"
 
 
 def _cmd_bench(a: argparse.Namespace) -> int:
@@ -74,7 +79,8 @@ def _cmd_bench(a: argparse.Namespace) -> int:
 FINETUNE_DESCRIPTION = """\
 Fine-tune the LLM workers of a team with TeamTR under a FIXED conductor: one LoRA adapter per trainable worker on
 a shared frozen base (SmolLM2 by default), sampled at temperature > 0, updated on its own sampled tokens only with a
-PPO-clip surrogate inside a per-token KL trust region (schemes: teamtr | naive | joint | joint_indep | happo).
+PPO-clip surrogate inside a per-token KL trust region (schemes: teamtr | naive | joint | joint_indep | happo |
+stale_indep).
 
 Writes OUT/config.json (resolved config), OUT/updates.csv|jsonl and OUT/stages.csv|jsonl (metrics per update and
 per stage), OUT/checkpoints/ (resumable: --resume) and OUT/adapters/WORKER/ (peft folders). Precedence: the CPU

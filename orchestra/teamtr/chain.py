@@ -532,6 +532,35 @@ def stale_mismatch_terms(
     )
 
 
+def exact_surrogate(team: Sequence[Matrix], agent: int, p_old: Matrix, p_new: Matrix) -> float:
+    """The first-order gain of changing ``agent``'s policy from ``p_old`` to ``p_new`` in ``team`` (matrices):
+    L = Σ_{k,x} d_agent(k, x) Σ_y (p_new − p_old)[x, y] Q[y, k], with d_agent the agent's (key, input) occupancy
+    and Q[y, k] = [P_{agent+1} ⋯ P_{n−1}]_{y,k} the chance that message y still reaches key k. It is the exact
+    expectation of the sampled surrogate mean (ρ − 1)·R on episodes of ``team`` (a baseline adds 0)."""
+    d = occupancies(list(team[: agent + 1]))[agent]  # (V, V) over (k, x)
+    rest = list(team[agent + 1 :])
+    q = np.linalg.multi_dot(rest) if len(rest) > 1 else (rest[0] if rest else np.eye(d.shape[0]))  # (V, V) y → k
+    return float(np.einsum("kx,xy,yk->", d, p_new - p_old, q))
+
+
+def stale_gap_terms(
+    snapshots: Sequence[Sequence[npt.ArrayLike]], order: Sequence[int], train_index: TrainIndex
+) -> Matrix:
+    """Stale gap of update m (docs/algorithms.md §2.3), exact: |L(S[t_m]) − L(S[m])| for the update's own change
+    P_i^{S[m]} → P_i^{S[m+1]}, i = order[m], L = :func:`exact_surrogate` in the team its batch came from vs the team
+    it acts in. 0 for a fresh batch (t_m = m)."""
+    snaps, t = _stage(snapshots, order, train_index)
+    return np.array(
+        [
+            abs(
+                exact_surrogate(snaps[tm], i, snaps[m][i], snaps[m + 1][i])
+                - exact_surrogate(snaps[m], i, snaps[m][i], snaps[m + 1][i])
+            )
+            for m, (i, tm) in enumerate(zip(order, t, strict=True))
+        ]
+    )
+
+
 def drift_b_terms(
     snapshots: Sequence[Sequence[npt.ArrayLike]], order: Sequence[int], train_index: TrainIndex
 ) -> Matrix:

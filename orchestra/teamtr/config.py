@@ -13,8 +13,8 @@ import torch
 
 from orchestra.teamtr.losses import AGGREGATIONS, Aggregation
 
-Scheme = Literal["teamtr", "naive", "joint", "joint_indep", "happo"]
-SCHEMES: tuple[Scheme, ...] = ("teamtr", "naive", "joint", "joint_indep", "happo")
+Scheme = Literal["teamtr", "naive", "joint", "joint_indep", "happo", "stale_indep"]
+SCHEMES: tuple[Scheme, ...] = ("teamtr", "naive", "joint", "joint_indep", "happo", "stale_indep")
 KLEstimator = Literal["exact", "k3", "k2", "k1"]
 KLDirection = Literal["cur_theta", "theta_cur"]
 
@@ -85,6 +85,7 @@ class TeamTRConfig:
     happo_max_log_factor: float | None = None  # HAPPO: clip the log factor to [−c, c]; None = off (HARL)
     # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (docs/algorithms.md §2.3)
     certificate_c: float = 1.0
+    stale_gap_batch: int = 0  # stale schemes: episodes of a fresh diagnostic batch per update (0 = off; not trained on)
     evaluate: bool = True  # log the team's exact success per stage when the team offers it
     seed: int = 0  # rollouts, orders and minibatch shuffles
     keep_checkpoints: int = 2  # run directory: stage checkpoints kept (the newest K; ≥ 1)
@@ -105,6 +106,8 @@ class TeamTRConfig:
             raise ValueError(f"batch_size {self.batch_size} < num_minibatches {self.num_minibatches}")
         if not 0.0 < self.backtrack_coef < 1.0 or self.max_backtracks < 0:
             raise ValueError("need 0 < backtrack_coef < 1 and max_backtracks ≥ 0")
+        if self.stale_gap_batch < 0:
+            raise ValueError(f"stale_gap_batch must be ≥ 0, got {self.stale_gap_batch}")
         if self.dapo_max_batches < 1 or self.credit_samples < 0 or self.credit_max_weight <= 0:
             raise ValueError("need dapo_max_batches ≥ 1, credit_samples ≥ 0 and credit_max_weight > 0")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
@@ -156,11 +159,7 @@ def _choice_fields() -> dict[str, tuple[object, ...]]:
 # The starting points of the two kinds of team, each written once (the field defaults above are the generic ones):
 # the telephone-chain benchmark's trainer, also Stage 0's pre-swap training of the chain (`orchestra align chain`),
 # and the CPU-sized trainer of real LLM workers (`orchestra finetune`).
-# The chain preset still pins a fresh Adam per update: the published chain results (docs/results/teamtr.md) were run
-# with it and are re-run with the controls of the next benchmark round; the library default is a kept optimizer.
-CHAIN_TRAINER = TeamTRConfig(
-    order="fixed", num_stages=20, batch_size=128, num_epochs=2, lr=3e-2, delta=0.03, optimizer_state="fresh"
-)
+CHAIN_TRAINER = TeamTRConfig(order="fixed", num_stages=20, batch_size=128, num_epochs=2, lr=3e-2, delta=0.03)
 LLM_CPU_TRAINER = TeamTRConfig(num_stages=2, batch_size=8, num_epochs=1, num_minibatches=1, lr=1e-4, delta=0.01)
 
 

@@ -8,7 +8,9 @@ One loop, five schemes that differ ONLY in where each update's data comes from (
 * ``joint``: one batch, all agents updated at once on the JOINT ratio Π_i r_i(τ) = exp(Σ_i Σ_u log r_{i,u});
 * ``joint_indep``: one batch, all agents updated at once, each on its own ratio (docs/telephone-chain.md: ≡ naive);
 * ``happo``: the naive stale batch, advantage × the product of the ratios of the agents updated earlier
-  (docs/algorithms.md §3).
+  (docs/algorithms.md §3);
+* ``stale_indep`` (a control): a separate batch per agent, as teamtr's, but every one sampled by the team as it was
+  at the stage start (as naive's): teamtr's data volume without its freshness.
 
 Each update is :func:`update_agents`: PPO-clip epochs on the agent's own tokens (the loss is :func:`team_loss`, one
 hop from the loop) and a per-agent trust region on the per-token KL(π_i^cur ‖ π_i^θ) measured on the update's own
@@ -256,6 +258,16 @@ class AgentState:
 
     optimizer: torch.optim.Optimizer | None = None  # the agent's kept optimizer (optimizer_state="persistent")
     kl_coef: float = 1.0  # penalty mode β_i
+
+
+def surrogate_gain(team: TrainableTeam[BatchT], agent: int, batch: BatchT, cfg: TeamTRConfig) -> float:
+    """L̂_i of the agent's change since ``batch`` was sampled, on ``batch``: mean over its own tokens of (ρ − 1)·Â with
+    ρ = π_i^θ / π_i^behaviour (docs/algorithms.md §2.3). On a batch the current team just sampled, behaviour = π_cur."""
+    with torch.no_grad():
+        adv = compute_advantages(batch, cfg)
+        new = team.logprobs(agent, batch)
+        _, m = ppo_clip_loss(new, batch.behaviour_logprobs[agent], adv, batch.mask[agent], aggregation=cfg.aggregation)
+    return m["losses/surrogate_gain"]
 
 
 def penalty_update(beta: float, kl: float, delta: float, batch_size: int, cfg: TeamTRConfig) -> float:
@@ -536,6 +548,8 @@ def train(
     hooks = hooks or TrainHooks()
     n = len(team.agent_names)
     generators = {"rollout": seeded_generator(cfg.seed, 0), "order": seeded_generator(cfg.seed, 1)}
+    if cfg.stale_gap_batch > 0:  # its own stream: measuring leaves the training draws unchanged
+        generators["diagnostic"] = seeded_generator(cfg.seed, 4)
     rollout_gen, order_gen = generators["rollout"], generators["order"]
     states = {i: AgentState(kl_coef=cfg.kl_penalty_coef) for i in range(n)}
     log = TrainLog()
@@ -587,13 +601,22 @@ def train(
         stage_first_update = len(log.updates)
         order = cfg.agent_order(n, order_gen)
         updates = [tuple(order)] if cfg.scheme in ("joint", "joint_indep") else [(i,) for i in order]
-        stale, stale_seconds = sample() if cfg.scheme != "teamtr" else (None, 0.0)
+        stale, stale_seconds = sample() if cfg.scheme not in ("teamtr", "stale_indep") else (None, 0.0)
+        stage_start = {i: team.state(i) for i in range(n)} if cfg.scheme == "stale_indep" else None
         prev_logratios: list[Tensor] = []  # HAPPO: (B,) per earlier-updated agent of this stage
         phi, credit = credit_weights(team, cfg, stage) if cfg.credit != "none" else ({}, None)
         certificate_gain = certificate_penalty = 0.0
         for position, agents in enumerate(updates):
             # the ONLY difference between the schemes: where the data comes from
-            if stale is None:
+            if stage_start is not None:  # stale_indep: a new batch of the stage-start team
+                now = {i: team.state(i) for i in range(n)}
+                for i, st in stage_start.items():
+                    team.load_state(i, st)
+                batch, sample_seconds = sample()
+                for i, st in now.items():
+                    team.load_state(i, st)
+                batch_index = position
+            elif stale is None:
                 batch, sample_seconds = sample()  # teamtr: the current, partially updated team
                 batch_index = position
             else:
@@ -605,6 +628,10 @@ def train(
                     torch.stack(prev_logratios, dim=-1) if prev_logratios else torch.zeros(batch.batch_size, 0)
                 )  # (B, J)
                 weights = happo_factor(prev, max_log_factor=cfg.happo_max_log_factor)
+            fresh = None
+            if cfg.stale_gap_batch > 0 and cfg.scheme != "teamtr":
+                with torch.no_grad():  # the team as it is now: what a fresh batch would have been
+                    fresh = team.sample(cfg.stale_gap_batch, generators["diagnostic"])
             if hooks.before_update is not None:
                 hooks.before_update(stage, agents, batch)
             t0 = time.perf_counter()
@@ -623,6 +650,18 @@ def train(
             if hooks.after_update is not None:
                 hooks.after_update(stage, agents, batch)
             prev_logratios.extend(logratios[i] for i in agents)
+            if cfg.stale_gap_batch > 0:
+                # stale gap (docs/algorithms.md §2.3): the same parameter change judged on the batch it was trained
+                # on and on a fresh batch of the team it acts in; 0 by construction when the batch is fresh
+                for i in agents:
+                    name = team.agent_names[i]
+                    fresh_gain = surrogate_gain(team, i, fresh, cfg) if fresh is not None else None
+                    trained = metrics[f"agent/{name}/surrogate_gain"]
+                    metrics[f"agent/{name}/surrogate_gain_fresh"] = trained if fresh_gain is None else fresh_gain
+                    metrics[f"agent/{name}/stale_gap"] = 0.0 if fresh_gain is None else abs(trained - fresh_gain)
+                metrics["stale/gap"] = float(
+                    np.mean([metrics[f"agent/{team.agent_names[i]}/stale_gap"] for i in agents])
+                )
             a_max = metrics["losses/adv_abs_max"]
             for i in agents:
                 name = team.agent_names[i]

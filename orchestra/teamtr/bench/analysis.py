@@ -35,6 +35,49 @@ def fit_alpha(ns: Sequence[float], drifts: Sequence[float]) -> float:
     return float(np.polyfit(x, y, 1)[0])
 
 
+def drift_terms(scheme: str, n: int) -> int:
+    """How many one-update shifts drift (b) sums over a stage of n sequential updates in a fixed order: teamtr n − 1
+    (each fresh batch is one update behind; agent 0's input never moves), every stale scheme n(n − 1)/2 (update m's
+    batch is m updates behind). The drift gap between the two is built into this count; α against it asks whether
+    each shift is larger, too."""
+    return n - 1 if scheme == "teamtr" else n * (n - 1) // 2
+
+
+def certificate_table(rows: Sequence[dict[str, Any]], schemes: Sequence[str]) -> list[dict[str, Any]]:
+    """Per scheme, over every (run, stage ≥ 1): the certificate proxy Ĉ_s against the realised exact ΔJ_s =
+    J_s − J_{s−1} — Spearman and Pearson correlation (scipy) and the share of stages where Ĉ_s ≤ ΔJ_s (the bound's
+    direction, docs/algorithms.md §2.3)."""
+    from scipy import stats as sps
+
+    out: list[dict[str, Any]] = []
+    curves = run_curves(rows)
+    for scheme in schemes:
+        c_hat: list[float] = []
+        d_j: list[float] = []
+        for (_, sch, _), curve in curves.items():
+            if sch != scheme:
+                continue
+            for prev, cur in zip(curve, curve[1:], strict=False):
+                cert = cur.get("certificate", math.nan)
+                if math.isfinite(cert):
+                    c_hat.append(cert)
+                    d_j.append(cur["J"] - prev["J"])
+        x, y = np.asarray(c_hat), np.asarray(d_j)
+        enough = len(x) >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0
+        out.append(
+            dict(
+                scheme=scheme,
+                stages=len(x),
+                spearman=float(sps.spearmanr(x, y).statistic) if enough else math.nan,
+                pearson=float(sps.pearsonr(x, y).statistic) if enough else math.nan,
+                below=float(np.mean(x <= y)) if len(x) else math.nan,
+                certificate_mean=float(x.mean()) if len(x) else math.nan,
+                delta_j_mean=float(y.mean()) if len(y) else math.nan,
+            )
+        )
+    return out
+
+
 def equal_episode_stage(episodes: Sequence[float], target: float) -> int:
     """Index of the first stage whose cumulative episodes reach ``target``; if none does, the nearest one (ties: the
     earliest). ``episodes`` is non-decreasing, one entry per stage (index 0 = before training)."""
@@ -121,29 +164,49 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
             }
             regressions.append(dict(n=n, scheme=scheme, seeds=len(curves), **reg))
             per_run = {
-                kind: [float(np.nanmean([r[kind] for r in c[1 : cfg.drift_stages + 1]])) for c in curves if len(c) > 1]
-                for kind in ("drift_b", "drift_d")
+                kind: [
+                    float(np.nanmean([r.get(kind, math.nan) for r in c[1 : cfg.drift_stages + 1]]))
+                    for c in curves
+                    if len(c) > 1
+                ]
+                for kind in ("drift_b", "drift_d", "stale_gap")
             }
             b_mean, b_sd = _mean_sd(per_run["drift_b"])
             d_mean, d_sd = _mean_sd(per_run["drift_d"])
-            drift.append(dict(n=n, scheme=scheme, drift_b=b_mean, drift_b_sd=b_sd, drift_d=d_mean, drift_d_sd=d_sd))
+            g_mean, g_sd = _mean_sd(per_run["stale_gap"])
+            drift.append(dict(n=n, scheme=scheme, drift_b=b_mean, drift_b_sd=b_sd, drift_d=d_mean, drift_d_sd=d_sd,
+                              stale_gap=g_mean, stale_gap_sd=g_sd))  # fmt: skip
     alpha: list[dict[str, Any]] = []
     n_max = max(cfg.ns)
     by = {(r["n"], r["scheme"]): r for r in drift}
+    big = [n for n in cfg.ns if n > 2]
     for scheme in cfg.schemes:
         row: dict[str, Any] = {"scheme": scheme}
         for kind in ("drift_b", "drift_d"):
             row[f"alpha_{kind[-1]}"] = fit_alpha(cfg.ns, [by[(n, scheme)][kind] for n in cfg.ns])
+            row[f"alpha_{kind[-1]}_without_n2"] = fit_alpha(big, [by[(n, scheme)][kind] for n in big])
             num, den = by[(n_max, scheme)][kind], by.get((n_max, "teamtr"), {}).get(kind, math.nan)
             row[f"ratio_{kind[-1]}_vs_teamtr_at_n{n_max}"] = num / den if den and math.isfinite(den) else math.nan
+        # (b) per summed shift: the slope against the number of terms, and the per-term drift at the largest n
+        with_terms = [n for n in cfg.ns if drift_terms(scheme, n) > 0]
+        row["alpha_b_vs_terms"] = fit_alpha(
+            [drift_terms(scheme, n) for n in with_terms], [by[(n, scheme)]["drift_b"] for n in with_terms]
+        )
+        terms = drift_terms(scheme, n_max)
+        row[f"per_term_b_at_n{n_max}"] = by[(n_max, scheme)]["drift_b"] / terms if terms else math.nan
         alpha.append(row)
+    key = f"per_term_b_at_n{n_max}"
+    den = next((r[key] for r in alpha if r["scheme"] == "teamtr"), math.nan)
+    for row in alpha:
+        row[f"per_term_ratio_vs_teamtr_at_n{n_max}"] = row[key] / den if den and math.isfinite(den) else math.nan
     trust: list[dict[str, Any]] = []
     for scheme in cfg.schemes:
         sel = [r for r in rows if r["scheme"] == scheme and r["stage"] > 0]
         tot = {k: sum(r[k] for r in sel) for k in ("agent_updates", "accepted", "bound", "kl_over")}
         ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
         trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
-    tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust}
+    tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust,
+              "certificate": certificate_table(rows, cfg.schemes)}  # fmt: skip
     tables["checks"] = acceptance_checks(cfg, tables)
     return tables
 
@@ -204,6 +267,8 @@ __all__ = [
     "REGRESSION_THRESHOLDS",
     "acceptance_checks",
     "analyse",
+    "certificate_table",
+    "drift_terms",
     "run_curves",
     "equal_episode_stage",
     "fit_alpha",

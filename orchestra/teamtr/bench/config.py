@@ -10,6 +10,11 @@ from typing import Any
 from orchestra.teamtr.chain import ChainConfig
 from orchestra.teamtr.config import CHAIN_TRAINER, SCHEMES, Scheme, TeamTRConfig, derive_seed
 
+# controls that are not trainer schemes: naive with n × the batch (equal episodes per stage, every one stale)
+BENCH_VARIANTS: tuple[str, ...] = ("naive_bigB",)
+# schemes that sample n batches' worth of episodes per stage, as teamtr: equal episodes at equal stages
+FULL_VOLUME: frozenset[str] = frozenset({"teamtr", "stale_indep", "naive_bigB"})
+
 
 @dataclass(frozen=True)
 class BenchConfig:
@@ -20,7 +25,7 @@ class BenchConfig:
     accounting at ``trainer.num_stages``."""
 
     ns: tuple[int, ...] = (2, 3, 4, 6, 8)  # chain lengths n
-    schemes: tuple[Scheme, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes compared
+    schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes or BENCH_VARIANTS compared
     seeds: int = 8  # seeds per (n, scheme); seed s gives the same init for every scheme (paired)
     trainer: TeamTRConfig = field(default_factory=lambda: CHAIN_TRAINER)  # the trainer of every run (see above)
     extend_for_episodes: bool = True  # non-teamtr schemes run n × the stages (equal-episodes accounting)
@@ -34,9 +39,9 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.ns or any(n < 1 for n in self.ns):
             raise ValueError(f"ns must be non-empty, each ≥ 1, got {self.ns}")
-        bad = [s for s in self.schemes if s not in SCHEMES]
+        bad = [s for s in self.schemes if s not in (*SCHEMES, *BENCH_VARIANTS)]
         if not self.schemes or bad:
-            raise ValueError(f"unknown schemes {bad}; expected some of {SCHEMES}")
+            raise ValueError(f"unknown schemes {bad}; expected some of {(*SCHEMES, *BENCH_VARIANTS)}")
         if self.seeds < 1 or self.num_stages < 1 or self.drift_stages < 1:
             raise ValueError("need seeds ≥ 1, num_stages ≥ 1 and drift_stages ≥ 1")
 
@@ -67,8 +72,9 @@ class BenchConfig:
         )
 
     def stages_for(self, scheme: str, n: int) -> int:
-        """Stages a (scheme, n) run trains for."""
-        return self.num_stages if scheme == "teamtr" or not self.extend_for_episodes else n * self.num_stages
+        """Stages a (scheme, n) run trains for: the schemes that sample teamtr's n batches per stage (``FULL_VOLUME``)
+        run ``num_stages``; the others n × that with ``extend_for_episodes`` (equal sampled episodes)."""
+        return self.num_stages if scheme in FULL_VOLUME or not self.extend_for_episodes else n * self.num_stages
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
@@ -88,15 +94,19 @@ def chain_config(cfg: BenchConfig, n: int, seed: int) -> ChainConfig:
     )
 
 
-def trainer_config(cfg: BenchConfig, n: int, seed: int, scheme: Scheme) -> TeamTRConfig:
+def trainer_config(cfg: BenchConfig, n: int, seed: int, scheme: str) -> TeamTRConfig:
     """The trainer config of run (n, scheme, seed): ``cfg.trainer`` with this run's scheme, stages and seed (the seed
-    depends on (n, seed) only, so every scheme of a (n, seed) pair shares it)."""
+    depends on (n, seed) only, so every scheme of a (n, seed) pair shares it). ``naive_bigB`` is naive with n × the
+    batch (teamtr's episodes per stage, all of them stale)."""
+    trainer_scheme: Scheme = "naive" if scheme == "naive_bigB" else scheme  # type: ignore[assignment]
+    batch = cfg.trainer.batch_size * (n if scheme == "naive_bigB" else 1)
     return replace(
         cfg.trainer,
-        scheme=scheme,
+        scheme=trainer_scheme,
+        batch_size=batch,
         num_stages=cfg.stages_for(scheme, n),
         seed=derive_seed(cfg.seed, n, seed, 1, bits=31),
     )
 
 
-__all__ = ["BenchConfig", "chain_config", "trainer_config"]
+__all__ = ["BENCH_VARIANTS", "FULL_VOLUME", "BenchConfig", "chain_config", "trainer_config"]

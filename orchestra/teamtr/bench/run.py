@@ -36,14 +36,13 @@ import torch
 from orchestra.teamtr.bench.analysis import analyse, run_curves
 from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_config
 from orchestra.teamtr.bench.report import join_sections, plot, summary_sections
-from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, warm_start
+from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
-from orchestra.teamtr.config import Scheme
 from orchestra.teamtr.trainer import TrainHooks, train
 
 RUN_FIELDS = (
     "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",
-    "agent_updates", "accepted", "bound", "kl_over", "kl_max_ratio",
+    "agent_updates", "accepted", "bound", "kl_over", "kl_max_ratio", "stale_gap", "certificate",
 )  # fmt: skip
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -71,14 +70,15 @@ class _Snapshots:
             self.snaps[stage].append([new[i] if i in moved else start[i] for i in range(len(new))])
             self.orders[stage].append(agent)
 
-    def drifts(self, stage: int, train_index: str) -> tuple[float, float]:
+    def drifts(self, stage: int, train_index: str) -> tuple[float, float, float]:
+        """Drift (b), (d) and the mean exact stale gap of the stage's updates."""
         snaps, order = self.snaps[stage], self.orders[stage]
         ti: Any = train_index
-        return drift_b(snaps, order, ti), drift_d(snaps, order, ti)
+        return drift_b(snaps, order, ti), drift_d(snaps, order, ti), float(stale_gap_terms(snaps, order, ti).mean())
 
 
 def run_one(
-    cfg: BenchConfig, team: ChainTeam, warm: list[dict[str, torch.Tensor]], n: int, scheme: Scheme, seed: int
+    cfg: BenchConfig, team: ChainTeam, warm: list[dict[str, torch.Tensor]], n: int, scheme: str, seed: int
 ) -> tuple[list[dict[str, Any]], _Snapshots]:
     """Train ``scheme`` from the warm state ``warm`` of ``team``; rows of ``runs.csv`` and the recorded snapshots."""
     for i, state in enumerate(warm):
@@ -92,20 +92,22 @@ def run_one(
     nan = math.nan
     rows: list[dict[str, Any]] = [
         dict(n=n, scheme=scheme, seed=seed, stage=0, J=log.stages[0]["perf/team_success_start"], drift_b=nan,
-             drift_d=nan, episodes=0, tokens=0, agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=nan)
+             drift_d=nan, episodes=0, tokens=0, agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=nan,
+             stale_gap=nan, certificate=nan)
     ]  # fmt: skip
     for s, st in enumerate(log.stages):
-        b, d = rec.drifts(s, train_index)
+        b, d, gap = rec.drifts(s, train_index)
         trust = trust_counts([u for u in log.updates if int(u["rollout/stage"]) == s], team.adapter_names)
         rows.append(
             dict(n=n, scheme=scheme, seed=seed, stage=s + 1, J=st["perf/team_success"], drift_b=b, drift_d=d,
-                 episodes=int(st["rollout/episodes"]), tokens=int(st["rollout/tokens"]), **trust)
+                 episodes=int(st["rollout/episodes"]), tokens=int(st["rollout/tokens"]), **trust, stale_gap=gap,
+                 certificate=st["certificate/proxy"])
         )  # fmt: skip
     return rows, rec
 
 
 def trust_counts(updates: Sequence[dict[str, float]], names: Sequence[str]) -> dict[str, Any]:
-    """Trust-region accounting of one stage's update records, per agent-update: how many, accepted (not reverted),
+    """Trust-region accounting of one stage's update records, per agent-update: how many, accepted (a step kept),
     bound (the full step broke KL ≤ δ, so it was shortened or reverted), accepted with KL > δ (must be 0), and the
     largest KL/δ among the accepted ones. KL is the trainer's trust-region estimate (exact over the vocabulary here).
     """
@@ -143,7 +145,8 @@ def _read_runs(path: Path) -> list[dict[str, Any]]:
                      drift_b=float(r["drift_b"] or "nan"), drift_d=float(r["drift_d"] or "nan"),
                      episodes=int(r["episodes"]), tokens=int(r["tokens"]),
                      **{k: int(r[k]) for k in ("agent_updates", "accepted", "bound", "kl_over")},
-                     kl_max_ratio=float(r["kl_max_ratio"] or "nan"))
+                     kl_max_ratio=float(r["kl_max_ratio"] or "nan"), stale_gap=float(r["stale_gap"] or "nan"),
+                     certificate=float(r["certificate"] or "nan"))
             )  # fmt: skip
     return rows
 
