@@ -300,3 +300,66 @@ def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
         text = capsys.readouterr().out
         assert f"usage: orchestra {' '.join(cmd)}" in text
     assert "--delta0" in text and "--newcomer" in text and "--train-params" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stage 0 against a real mismatch, and its baselines
+
+
+def test_baseline_losses() -> None:
+    from orchestra.teamtr.align import alignment_loss, forward_kl_loss, sample_labels, sft_loss
+
+    g = torch.Generator().manual_seed(0)
+    new = torch.randn(5, 2, V, generator=g)
+    inc = torch.randn(5, 2, V, generator=g)
+    mask = torch.ones(5, 2, dtype=torch.bool)
+    want = F.kl_div(F.log_softmax(new, -1), F.log_softmax(inc, -1), log_target=True, reduction="none").sum(-1).mean()
+    assert float(forward_kl_loss(new, inc, mask)) == pytest.approx(float(want), rel=1e-5)  # KL(inc ‖ new)
+    labels = sample_labels(inc, torch.Generator().manual_seed(1))
+    assert labels.shape == (5, 2)
+    nll = -F.log_softmax(new, -1).gather(-1, labels.unsqueeze(-1)).mean()
+    assert float(sft_loss(new, labels, mask)) == pytest.approx(float(nll), rel=1e-5)
+    assert float(alignment_loss("reverse", new, inc, mask)) == pytest.approx(float(reverse_kl_loss(new, inc, mask)[0]))
+    with pytest.raises(ValueError, match="labels"):
+        alignment_loss("sft", new, inc, mask)
+    with pytest.raises(ValueError, match="divergence"):
+        AlignConfig(divergence="nope")  # type: ignore[arg-type]
+
+
+def test_a_competent_mismatched_newcomer_breaks_the_team_until_aligned(team: ChainTeam) -> None:
+    """The mismatched newcomer relays x as x + 1 (mod V) as reliably as the incumbent relays x as x: competent in its
+    own convention, so the direct swap collapses J; every divergence then recovers it from the same start."""
+    from orchestra.teamtr.chain import policy_matrix
+
+    swap = ChainSwapConfig(agent=1, newcomer="mismatched")
+    newcomer = build_chain_newcomer(team.cfg, swap)
+    p = policy_matrix(newcomer, 0)
+    shifted = float(p[np.arange(V), (np.arange(V) + 1) % V].mean())
+    assert abs(shifted - team.cfg.warm_pass) <= team.cfg.warm_pass_tol  # competent, in its own convention
+    results = {}
+    for div in ("reverse", "forward", "sft"):
+        cfg = dataclasses.replace(SMALL, divergence=div)  # type: ignore[arg-type]
+        results[div] = chain_swap_shock(team, swap, cfg, newcomer=build_chain_newcomer(team.cfg, swap))
+    r = results["reverse"]
+    assert r.j_before - r.j_direct > 0.3  # a real swap shock
+    assert all(x.j_direct == pytest.approx(r.j_direct) for x in results.values())  # the same start
+    assert all(x.recovered_fraction > 0.8 for x in results.values()), {
+        k: x.recovered_fraction for k, x in results.items()
+    }
+    assert results["reverse"].align.stopped == "delta_0" and results["forward"].align.stopped == "delta_0"
+
+
+def test_cli_align_chain_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestra.cli import main
+
+    out = tmp_path / "cmp"
+    args = ["align", "chain", "--n", "3", "--train-stages", "0", "--newcomer", "mismatched", "--probes", "256"]
+    args += ["--heldout-probes", "256", "--compare", "reverse", "forward", "sft", "--compare-seeds", "2"]
+    assert main([*args, "--out", str(out), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "Stage 0 against its baselines" in text and "| forward | 2 |" in text
+    import csv
+
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert len(rows) == 6 and {r["divergence"] for r in rows} == {"reverse", "forward", "sft"}
+    assert "Stage 0 against its baselines" in (out / "report.md").read_text()

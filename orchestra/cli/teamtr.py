@@ -205,6 +205,7 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
         [Opt("swap.newcomer", "--newcomer"), Opt("swap.newcomer_seed", "--newcomer-seed"),
          Opt("swap.train_params", "--train-params"), "newcomer_hidden_size", "newcomer_layers"],
     )  # fmt: skip
+    add_options(q.add_argument_group("baselines"), chain, [Opt("compare", "--compare"), "compare_seeds"])
     _align_options(q, chain)
 
     q = asub.add_parser(
@@ -271,7 +272,8 @@ def _align_options(q: argparse.ArgumentParser, root: Any) -> None:
         root,
         [Opt("align.delta_0", "--delta0"), Opt("align.lr", "--lr"), Opt("align.max_steps", "--max-steps"),
          Opt("align.batch_size", "--batch-size"), Opt("align.num_train_probes", "--probes"),
-         Opt("align.num_heldout_probes", "--heldout-probes"), Opt("align.check_every", "--check-every")],
+         Opt("align.num_heldout_probes", "--heldout-probes"), Opt("align.check_every", "--check-every"),
+         Opt("align.divergence", "--divergence")],
     )  # fmt: skip
     add_options(
         q,

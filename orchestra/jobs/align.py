@@ -18,16 +18,17 @@ all its weights were trained).
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestra.teamtr.align import AlignConfig
+from orchestra.teamtr.align import DIVERGENCES, AlignConfig, Divergence
 from orchestra.teamtr.align_chain import ChainSwapConfig
 from orchestra.teamtr.align_llm import LLMSwapConfig
 from orchestra.teamtr.chain import ChainConfig
@@ -62,6 +63,8 @@ class AlignChainConfig:
     newcomer_hidden_size: int | None = None  # the newcomer base's width (None: the team's)
     newcomer_layers: int | None = None  # the newcomer base's depth (None: the team's)
     align: AlignConfig = AlignConfig()  # the alignment loop (its seed: ``seed``)
+    compare: tuple[Divergence, ...] = ()  # also align the same newcomer by these (forward, sft, reverse): compare.csv
+    compare_seeds: int = 1  # the comparison over this many newcomer inits and probe draws (paired across methods)
     out: str = "runs/align_chain"  # run directory (must not hold a finished align run)
     plot: bool = True  # draw kl_curve.png
     seed: int = 0  # root seed (team, training, probes, newcomer; exact on CPU)
@@ -70,6 +73,11 @@ class AlignChainConfig:
     def __post_init__(self) -> None:
         if self.train_stages < 0:
             raise ValueError(f"train_stages must be ≥ 0, got {self.train_stages}")
+        bad = [d for d in self.compare if d not in DIVERGENCES]
+        if bad or self.compare_seeds < 1:
+            raise ValueError(
+                f"compare: expected some of {DIVERGENCES} and compare_seeds ≥ 1, got {bad or self.compare_seeds}"
+            )
 
     def team_config(self) -> ChainConfig:
         return ChainConfig(
@@ -216,13 +224,83 @@ def align_chain(cfg: AlignChainConfig) -> AlignResult:
     )
     report = dataclasses.replace(report, meta={**report.meta, "total_seconds": time.perf_counter() - t0})
     paths = write_report(report, out, plot=cfg.plot)
+    markdown = report_markdown(report)
+    if cfg.compare:
+        rows = compare_divergences(team, swap, align_cfg, cfg.compare, cfg.compare_seeds, say)
+        paths["compare"] = out / "compare.csv"
+        with paths["compare"].open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        markdown = markdown.rstrip() + "\n\n" + compare_markdown(rows, align_cfg.delta_0)
+        paths["markdown"].write_text(markdown, encoding="utf-8")
     params = (
         newcomer.adapter_parameters(0)
         if swap.train_params == "adapter"
         else dict(newcomer.models[0].named_parameters())
     )
     save_file({k: p.detach().contiguous() for k, p in params.items()}, str(out / "newcomer.safetensors"))
-    return AlignResult(report_markdown(report), [out / "config.json", *paths.values(), out / "newcomer.safetensors"])
+    return AlignResult(markdown, [out / "config.json", *paths.values(), out / "newcomer.safetensors"])
+
+
+def compare_divergences(
+    team: Any,
+    swap: Any,
+    align_cfg: AlignConfig,
+    divergences: Sequence[Divergence],
+    seeds: int,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Stage 0 by each divergence from the SAME newcomer init and the same probes, for ``seeds`` (newcomer seed,
+    probe seed) pairs: one row per (seed, divergence) with exact J before / direct / aligned, steps, the stop reason
+    and the held-out reverse and forward KL at the end (held-out probes: independent fresh rollouts of the team)."""
+    from orchestra.teamtr.align_chain import build_chain_newcomer, chain_swap_shock, newcomer_config
+
+    rows: list[dict[str, Any]] = []
+    base_seed = newcomer_config(team.cfg, swap).seed
+    for k in range(seeds):
+        seed_swap = dataclasses.replace(swap, newcomer_seed=derive_seed(base_seed, k, bits=31))
+        for div in divergences:
+            cfg_k = dataclasses.replace(align_cfg, divergence=div, seed=derive_seed(align_cfg.seed, k, bits=31))
+            r = chain_swap_shock(team, seed_swap, cfg_k, newcomer=build_chain_newcomer(team.cfg, seed_swap))
+            rows.append(
+                dict(seed=k, divergence=div, j_before=r.j_before, j_direct=r.j_direct, j_aligned=r.j_aligned,
+                     recovered=r.recovered_fraction, steps=r.align.steps, stopped=r.align.stopped,
+                     heldout_reverse_kl=r.align.kl_heldout_after,
+                     heldout_forward_kl=r.align.history[-1]["kl/heldout_forward"], seconds=r.align.seconds)
+            )  # fmt: skip
+            say(
+                f"compare seed {k} {div}: J direct {r.j_direct:.3f} → aligned {r.j_aligned:.3f} in {r.align.steps} steps"
+            )
+    return rows
+
+
+def compare_markdown(rows: Sequence[dict[str, Any]], delta_0: float) -> str:
+    """The comparison table: per divergence, mean ± sd over seeds."""
+    import numpy as np
+
+    lines = [
+        f"## Stage 0 against its baselines (same newcomer init and probes per seed; stop: held-out reverse KL ≤ δ_0 = "
+        f"{delta_0:g} or the step budget)",
+        "",
+        "| trained on | seeds | J aligned | recovered | steps | reached δ_0 | held-out reverse KL | held-out forward KL |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for div in dict.fromkeys(r["divergence"] for r in rows):
+        sel = [r for r in rows if r["divergence"] == div]
+
+        def ms(key: str, digits: int = 3, sel: list[dict[str, Any]] = sel) -> str:
+            v = np.asarray([r[key] for r in sel], dtype=np.float64)
+            return f"{v.mean():.{digits}f} ± {v.std(ddof=1) if len(v) > 1 else 0.0:.{digits}f}"
+
+        reached = sum(r["stopped"] == "delta_0" for r in sel)
+        lines.append(
+            f"| {div} | {len(sel)} | {ms('j_aligned')} | {ms('recovered', 2)} | {ms('steps', 0)} | {reached}/{len(sel)} | "
+            f"{ms('heldout_reverse_kl', 4)} | {ms('heldout_forward_kl', 4)} |"
+        )
+    j_b, j_d = rows[0]["j_before"], float(np.mean([r["j_direct"] for r in rows]))
+    lines += ["", f"Before the swap J = {j_b:.3f}; direct swap J = {j_d:.3f} (mean over seeds).", ""]
+    return "\n".join(lines)
 
 
 def align_llm(cfg: AlignLLMConfig) -> AlignResult:

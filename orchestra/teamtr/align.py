@@ -41,6 +41,8 @@ from orchestra.teamtr.losses import kl_exact_per_token, masked_mean
 from orchestra.teamtr.protocols import Metrics
 
 Stop = Literal["delta_0", "max_steps"]
+Divergence = Literal["reverse", "forward", "sft"]
+DIVERGENCES: tuple[Divergence, ...] = ("reverse", "forward", "sft")
 
 
 class AlignError(ValueError):
@@ -90,6 +92,40 @@ def reverse_kl_loss(new_logits: Tensor, inc_logits: Tensor, mask: Tensor) -> tup
     return loss, metrics
 
 
+def forward_kl_loss(new_logits: Tensor, inc_logits: Tensor, mask: Tensor) -> Tensor:
+    """Masked token-mean of the exact FORWARD KL(π_inc ‖ π_new) (soft-label distillation: the incumbent's cross-
+    entropy minus its constant entropy), the mass-covering baseline of Stage 0. Gradients reach ``new_logits``."""
+    return masked_mean(kl_exact_per_token(new_logits, inc_logits.detach()), mask)
+
+
+def sft_loss(new_logits: Tensor, labels: Tensor, mask: Tensor) -> Tensor:
+    """Masked token-mean of −log π_new(label): supervised fine-tuning on tokens the incumbent sampled at the probe
+    positions (hard labels, one per position), the usual way a newcomer is taught a team's conventions."""
+    logp = torch.log_softmax(new_logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return masked_mean(-logp, mask)
+
+
+def alignment_loss(
+    divergence: Divergence, new_logits: Tensor, inc_logits: Tensor, mask: Tensor, labels: Tensor | None = None
+) -> Tensor:
+    """The training loss of Stage 0 by ``divergence``: :func:`reverse_kl_loss` (default), :func:`forward_kl_loss` or
+    :func:`sft_loss` (``labels`` (N, T): incumbent samples at the probe positions)."""
+    if divergence == "forward":
+        return forward_kl_loss(new_logits, inc_logits, mask)
+    if divergence == "sft":
+        if labels is None:
+            raise ValueError("divergence 'sft' needs the incumbent's sampled labels")
+        return sft_loss(new_logits, labels, mask)
+    return reverse_kl_loss(new_logits, inc_logits, mask)[0]
+
+
+def sample_labels(inc_logits: Tensor, generator: torch.Generator) -> Tensor:
+    """(N, T) one token per probe position drawn from the incumbent's distribution (temperature 1)."""
+    probs = torch.softmax(inc_logits.float(), dim=-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # config and protocols
 
@@ -110,8 +146,15 @@ class AlignConfig:
     eval_batch_size: int = 1024  # probe contexts per no-grad forward when measuring KL
     cache_incumbent: bool = True  # precompute incumbent logits once (False: recompute per use, for large T×V)
     seed: int = 0  # probe harvesting and minibatch shuffles
+    divergence: Divergence = (
+        "reverse"  # what training minimises: reverse KL (Stage 0), forward KL or SFT on incumbent samples (baselines)
+    )
 
     def __post_init__(self) -> None:
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+        if self.divergence == "sft" and not self.cache_incumbent:
+            raise ValueError("divergence 'sft' draws its labels from the cached incumbent logits: cache_incumbent")
         if not self.delta_0 > 0:
             raise ValueError(f"delta_0 must be > 0, got {self.delta_0}")
         if not self.lr > 0:
@@ -211,8 +254,9 @@ def align(
     *,
     on_check: Callable[[Metrics], None] | None = None,
 ) -> AlignReport:
-    """Minimise :func:`reverse_kl_loss` of ``newcomer`` to ``incumbent`` on ``train_probes`` with Adam until the
-    held-out D^tok ≤ ``cfg.delta_0`` (tested before the first step and every ``check_every`` steps) or
+    """Minimise :func:`reverse_kl_loss` (or the ``cfg.divergence`` baseline, :func:`alignment_loss`) of ``newcomer``
+    to ``incumbent`` on ``train_probes`` with Adam until the held-out reverse D^tok ≤ ``cfg.delta_0`` — the same
+    stopping test whatever is trained — (tested before the first step and every ``check_every`` steps) or
     ``cfg.max_steps`` (docs/algorithms.md §2.5). Only ``newcomer.parameters()`` move. Minibatches: a fresh permutation of the
     train probes per pass, from a generator seeded by ``cfg.seed`` (deterministic on CPU). ``on_check`` receives
     every metrics row (progress output).
@@ -230,6 +274,11 @@ def align(
     chunk = cfg.eval_batch_size
     inc_train = _logits_nograd(incumbent, train_probes, chunk) if cfg.cache_incumbent else None  # (N, T, V)
     inc_held = _logits_nograd(incumbent, heldout_probes, chunk) if cfg.cache_incumbent else None  # (N, T, V)
+    labels = (
+        sample_labels(inc_train, seeded_generator(cfg.seed, 3))
+        if cfg.divergence == "sft" and inc_train is not None
+        else None
+    )  # (N, T) incumbent samples at the train probes
     history: list[Metrics] = []
     losses: list[float] = []
 
@@ -241,7 +290,8 @@ def align(
             "kl/train": kl_train,
             "kl/heldout": kl_held,
             "kl/heldout_forward": kl_held_fwd,
-            "losses/reverse_kl": float(np.mean(losses)) if losses else kl_train,  # minibatch mean since last check
+            # the trained loss (cfg.divergence), minibatch mean since the last check
+            "losses/train": float(np.mean(losses)) if losses else math.nan,
             "align/delta_0": cfg.delta_0,
             "perf/wall_seconds": time.perf_counter() - t0,
         }
@@ -264,7 +314,9 @@ def align(
             cursor += mb_size
             mb = train_probes.select(rows)
             inc = incumbent_logits_of(incumbent, mb) if inc_train is None else inc_train[rows]
-            loss, _ = reverse_kl_loss(newcomer.logits(mb), inc, mb.mask)
+            loss = alignment_loss(
+                cfg.divergence, newcomer.logits(mb), inc, mb.mask, None if labels is None else labels[rows]
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.max_grad_norm is not None:

@@ -37,6 +37,7 @@ from orchestra.teamtr.chain import (
     policy_matrices,
     policy_matrix,
     sample_rollouts,
+    shifted_pass_through,
     warm_start,
 )
 from orchestra.teamtr.config import derive_seed, seeded_generator
@@ -113,14 +114,16 @@ class ChainSwapConfig:
     """What is swapped on the chain, and the newcomer built for it."""
 
     agent: int = 1  # the swapped worker (0-based)
-    newcomer: Literal["random", "warm"] = "random"  # random-init base + fresh LoRA, or warm-started to pass-through
+    # random-init base + fresh LoRA; warm-started to the team's pass-through; or "mismatched": warm-started to a
+    # competent agent of another convention (relays x as x + 1 mod V), which a direct swap breaks
+    newcomer: Literal["random", "warm", "mismatched"] = "random"
     newcomer_seed: int | None = None  # the newcomer's init seed; None = derived from the team's seed and agent
     train_params: Literal["adapter", "all"] = "adapter"  # alignment trains the newcomer's LoRA only, or its whole model
     newcomer_model: ChainModelConfig | None = None  # the newcomer's base size; None = the incumbent's
 
     def __post_init__(self) -> None:
-        if self.newcomer not in ("random", "warm") or self.train_params not in ("adapter", "all"):
-            raise ValueError(f"newcomer must be random|warm and train_params adapter|all, got {self}")
+        if self.newcomer not in ("random", "warm", "mismatched") or self.train_params not in ("adapter", "all"):
+            raise ValueError(f"newcomer must be random|warm|mismatched and train_params adapter|all, got {self}")
 
 
 def newcomer_config(team_cfg: ChainConfig, swap: ChainSwapConfig) -> ChainConfig:
@@ -138,11 +141,14 @@ def newcomer_config(team_cfg: ChainConfig, swap: ChainSwapConfig) -> ChainConfig
 
 
 def build_chain_newcomer(team_cfg: ChainConfig, swap: ChainSwapConfig) -> ChainTeam:
-    """The newcomer as a one-agent :class:`ChainTeam` (adapter ``agent_0``), warm started to the noisy pass-through
-    (its own seed, the team's ``warm_*`` knobs) if ``swap.newcomer`` is ``warm``."""
+    """The newcomer as a one-agent :class:`ChainTeam` (adapter ``agent_0``), warm started (its own seed, the team's
+    ``warm_*`` knobs) to the noisy pass-through if ``swap.newcomer`` is ``warm``, to the shifted convention
+    (:func:`~orchestra.teamtr.chain.shifted_pass_through`) if ``mismatched``."""
     newcomer = ChainTeam(newcomer_config(team_cfg, swap))
     if swap.newcomer == "warm":
         warm_start(newcomer)
+    elif swap.newcomer == "mismatched":
+        warm_start(newcomer, target=shifted_pass_through(team_cfg.vocab_size, team_cfg.warm_pass))
     return newcomer
 
 

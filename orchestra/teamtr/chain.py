@@ -378,7 +378,13 @@ def noisy_pass_through(vocab_size: int, p: float) -> Matrix:
     return target
 
 
-def warm_start(team: ChainTeam, cfg: ChainConfig | None = None) -> WarmStartReport:
+def shifted_pass_through(vocab_size: int, p: float, shift: int = 1) -> Matrix:
+    """A competent agent of ANOTHER message convention: it relays input x as symbol x + shift (mod V) with
+    probability p (:func:`noisy_pass_through` with its columns rolled) → (V, V)."""
+    return np.roll(noisy_pass_through(vocab_size, p), shift, axis=1)
+
+
+def warm_start(team: ChainTeam, cfg: ChainConfig | None = None, *, target: Matrix | None = None) -> WarmStartReport:
     """Supervised warm start of EVERY agent's adapter to the noisy pass-through (docs/telephone-chain.md §5: drift scaling
     is measured in the reliable-agent regime, per-hop pass ≥ 0.8).
 
@@ -387,16 +393,18 @@ def warm_start(team: ChainTeam, cfg: ChainConfig | None = None) -> WarmStartRepo
     until L < ``warm_kl_tol`` or ``warm_steps``. LoRA must reach lm_head: a random-init base with its final norm and
     lm_head frozen cannot produce logit gaps of log(p(V−1)/(1−p)) ≈ 3.7. Deterministic given the team's seed.
     The ``warm_*`` knobs come from ``cfg`` (default: the team's own config). The base weights are never touched.
+    ``target`` replaces the noisy pass-through (e.g. :func:`shifted_pass_through`); the pass probability checked is
+    then the probability of each row's most likely target symbol.
 
     Raises:
         RuntimeError: an agent's exact pass probability ended farther than ``warm_pass_tol`` from ``warm_pass``.
     """
     cfg = team.cfg if cfg is None else cfg
     start = time.perf_counter()
-    target = torch.as_tensor(
-        noisy_pass_through(team.vocab_size, cfg.warm_pass), dtype=torch.float32, device=team.device
-    )
-    log_target = target.log()  # (V, V)
+    goal = noisy_pass_through(team.vocab_size, cfg.warm_pass) if target is None else np.asarray(target, np.float64)
+    hit_cols = goal.argmax(axis=1)  # the symbol each input should be relayed as
+    soft = torch.as_tensor(goal, dtype=torch.float32, device=team.device)
+    log_target = soft.log()  # (V, V)
     ids = team.contexts(torch.arange(team.vocab_size))  # (V, T_ctx)
     passes, kls, steps = [], [], []
     for i in range(team.n_agents):
@@ -404,7 +412,7 @@ def warm_start(team: ChainTeam, cfg: ChainConfig | None = None) -> WarmStartRepo
         step = 0
         while True:
             logp = torch.log_softmax(message_logits(team, i, ids), dim=-1)  # (V, V)
-            loss = (target * (log_target - logp)).sum(dim=-1).mean()  # mean_x KL(T(·|x) ‖ π_i(·|x))
+            loss = (soft * (log_target - logp)).sum(dim=-1).mean()  # mean_x KL(T(·|x) ‖ π_i(·|x))
             kl = loss.item()
             if kl < cfg.warm_kl_tol or step == cfg.warm_steps:
                 break
@@ -413,7 +421,7 @@ def warm_start(team: ChainTeam, cfg: ChainConfig | None = None) -> WarmStartRepo
             opt.step()
             step += 1
         opt.zero_grad(set_to_none=True)  # leave no stale gradients behind for the caller's optimizer
-        passes.append(float(np.diag(policy_matrix(team, i)).mean()))
+        passes.append(float(policy_matrix(team, i)[np.arange(team.vocab_size), hit_cols].mean()))
         kls.append(kl)
         steps.append(step)
     report = WarmStartReport(tuple(passes), tuple(kls), tuple(steps), time.perf_counter() - start)
