@@ -237,6 +237,8 @@ README_OPTIONS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("four loss aggregations", {"aggregation": "seq-mean-token-mean"}, None),
     ("Adam or SGD", {"optimizer": "sgd", "lr": 0.1}, DEFAULTS),
     ("fresh per update", {"optimizer_state": "fresh"}, DEFAULTS),
+    ("taken from the sampler", {"old_logprobs": "behaviour"}, None),  # equal to rounding: see the test above
+    ("sampled stale-gap measurement", {"stale_gap_batch": 64, "scheme": "naive"}, None),  # measures, trains the same
     ("leave-one-out", {"credit": "loo"}, DEFAULTS),
     ("Shapley", {"credit": "shapley", "credit_samples": 4}, DEFAULTS),
     # a uniform null makes every coalition short of the team worth 1/V: equal credit, weight 1, as no credit
@@ -311,3 +313,15 @@ def test_stale_indep_samples_a_new_batch_per_agent_from_the_stage_start_team() -
     with torch.no_grad():
         moved = float((seen[2][1].behaviour_logprobs[seen[0][0]] - team.logprobs(seen[0][0], seen[2][1])).abs().max())
     assert moved > 1e-4
+
+
+def test_old_logprobs_from_the_sampler_match_the_recomputed_ones() -> None:
+    """old_logprobs='behaviour' skips one forward per update: on the chain (exact sampler log-probs) the trained
+    parameters equal those of the recomputing default to float rounding."""
+    a, b = _team(3), _team(3)
+    cfg = replace(BASE, num_stages=2, kl_estimator="k3")
+    train(a, cfg)
+    log = train(b, replace(cfg, old_logprobs="behaviour"))
+    pa, pb = _params(a), _params(b)
+    assert all(torch.allclose(pa[i][k], pb[i][k], atol=1e-5) for i in range(3) for k in pa[i])
+    assert all(np.isnan(u["agent/agent_0/behaviour_gap"]) for u in log.updates if u["rollout/agent"] == 0.0)

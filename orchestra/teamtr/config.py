@@ -85,6 +85,9 @@ class TeamTRConfig:
     happo_max_log_factor: float | None = None  # HAPPO: clip the log factor to [−c, c]; None = off (HARL)
     # c of the certificate proxy Σ_i [L̂_i − c·Â_max·√(2·D̂_i)] (docs/algorithms.md §2.3)
     certificate_c: float = 1.0
+    old_logprobs: Literal["recompute", "behaviour"] = (
+        "recompute"  # π_cur's log-probs: one forward per update, or the sampler's (equal up to decode rounding)
+    )
     stale_gap_batch: int = 0  # stale schemes: episodes of a fresh diagnostic batch per update (0 = off; not trained on)
     evaluate: bool = True  # log the team's exact success per stage when the team offers it
     seed: int = 0  # rollouts, orders and minibatch shuffles

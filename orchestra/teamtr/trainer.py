@@ -298,11 +298,11 @@ def _reference_logprobs(team: TrainableTeam[BatchT], agent: int, batch: BatchT, 
         team.load_state(agent, current)
 
 
-def _entropy(team: TrainableTeam[BatchT], agent: int, batch: BatchT, logp: Tensor, has_logits: bool) -> float:
-    """Mean policy entropy at the agent's own positions: exact over the vocabulary if logits, else −mean log π."""
-    mask = batch.mask[agent]
-    if has_logits:
-        logsm = torch.log_softmax(team.logits(agent, batch).float(), dim=-1)  # (B, T, V)
+def _entropy(mask: Tensor, logp: Tensor, logits: Tensor | None) -> float:
+    """Mean policy entropy at the agent's own positions (``mask``): exact over the vocabulary if ``logits`` (B, T, V)
+    are given, else −mean log π of the sampled tokens (``logp``)."""
+    if logits is not None:
+        logsm = torch.log_softmax(logits.float(), dim=-1)  # (B, T, V)
         return float(masked_mean(-(logsm.exp() * logsm).sum(-1), mask))
     return float(masked_mean(-logp, mask))
 
@@ -339,7 +339,12 @@ def update_agents(
         inputs = UpdateInputs(
             advantages=sequence_adv,
             agent_advantages=agent_advantages(batch, cfg, agents, sequence_adv, credit),
-            old_logprobs={i: team.logprobs(i, batch).detach() for i in agents},
+            # π_cur = the policy that sampled the batch for the agents being updated (none moved since): its log-probs
+            # are recomputed by one forward, or taken from the sampler (saves that forward; decode rounding remains)
+            old_logprobs={
+                i: batch.behaviour_logprobs[i] if cfg.old_logprobs == "behaviour" else team.logprobs(i, batch).detach()
+                for i in agents
+            },
             old_logits={i: team.logits(i, batch).detach() for i in agents} if team.has_logits else {},
             ref_logprobs=(
                 {i: _reference_logprobs(team, i, batch, ref_states[i]) for i in agents}
@@ -355,6 +360,8 @@ def update_agents(
             if bool(batch.mask[i].any())
             else torch.zeros(())
         )
+        if cfg.old_logprobs == "recompute"
+        else math.nan  # not measured: the sampler's log-probs are used as π_cur's
         for i in agents
     }
 
@@ -431,9 +438,10 @@ def update_agents(
         for i in agents:
             cached = final_logp[i]  # the last trust-region check already evaluated the final parameters
             new = team.logprobs(i, batch).detach() if cached is None else cached  # (B, T)
+            final_logits = team.logits(i, batch).detach() if team.has_logits else None  # one forward for all below
             kl_trust = float(
                 token_kl(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator, logp=new,
-                         direction=cfg.kl_direction)
+                         direction=cfg.kl_direction, new_logits=final_logits)
             )  # the enforced estimate at the kept parameters  # fmt: skip
             if cfg.trust_region == "penalty":
                 states[i].kl_coef = penalty_update(kl_coefs[i], kl_trust, deltas[i], batch.batch_size, cfg)
@@ -448,13 +456,13 @@ def update_agents(
                 aggregation=cfg.aggregation,
             )
             kls = {"kl_k1": surr["kl/approx_k1"], "kl_k3": surr["kl/approx_k3"]}
-            if i in inputs.old_logits:
-                kls["kl_exact"] = float(kl_exact(team.logits(i, batch), inputs.old_logits[i], batch.mask[i]))
+            if i in inputs.old_logits and final_logits is not None:
+                kls["kl_exact"] = float(kl_exact(final_logits, inputs.old_logits[i], batch.mask[i]))
             kls["kl_trust"] = kl_trust
             per_agent: Metrics = {
                 "surrogate_gain": surr["losses/surrogate_gain"],
                 "clip_fraction": surr["losses/clip_fraction"],
-                "entropy": _entropy(team, i, batch, new, team.has_logits),
+                "entropy": _entropy(batch.mask[i], new, final_logits),
                 **kls,
                 "delta": deltas[i],
                 "backtracks": float(backtracks[i]),

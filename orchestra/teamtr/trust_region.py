@@ -22,6 +22,7 @@ def token_kl(
     *,
     logp: Tensor | None = None,
     direction: KLDirection = "cur_theta",
+    new_logits: Tensor | None = None,
 ) -> Tensor:
     """D̂_agent^tok: per-token KL on the agent's own tokens of ``batch`` (docs/algorithms.md §2.3), a scalar tensor.
 
@@ -38,13 +39,13 @@ def token_kl(
     ========  ===========================  ================================
 
     ``old_logprobs`` (B, T): log π_cur of the batch's tokens; ``old_logits`` (B, T, V): π_cur's logits (needed by
-    ``exact`` only).
+    ``exact`` only). ``logp`` / ``new_logits``: the current log-probs / logits when already computed (saves a forward).
     """
     mask = batch.mask[agent]
     if estimator == "exact":
         if old_logits is None:
             raise ValueError("the exact KL needs the pre-update logits")
-        new_logits = team.logits(agent, batch)
+        new_logits = team.logits(agent, batch) if new_logits is None else new_logits
         if direction == "cur_theta":
             return kl_exact(new_logits, old_logits, mask)  # kl_exact(p, q) = KL(q‖p)
         return kl_exact(old_logits, new_logits, mask)
