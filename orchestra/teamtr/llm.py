@@ -102,7 +102,9 @@ class LLMTeamConfig:
     difficulty: int | None = None  # one difficulty level of the family (None = mixed)
     conductor: str = "pipeline"  # the FIXED conductor: a rule-based name or LABEL:CHECKPOINT of a phase-1 one
     pipeline: tuple[str, ...] = ()  # override the team file's pipeline steps ("worker:instruction"); () = the file's
-    embedder: Embedder | None = None  # override the team's observation embedder; None = the team file's
+    # the observation's sentence encoder; None = none under a rule-based conductor (rules read the structured state,
+    # never the vector: encoding it was a third of a tiny team's sampling time), the team file's under a learned one
+    embedder: Embedder | None = None
     workers: tuple[str, ...] = ("solver",)  # trainable LLM workers (one LoRA adapter each), in agent order
     frozen_workers: Literal["base", "team"] = "base"  # other LLM workers: the base, adapters off | the team's backend
     model: str = "smollm2"  # base model: alias, .gguf file, HF folder, or "tiny" (random Llama, tests)
@@ -482,14 +484,16 @@ class LLMTeam:
 def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
     """The team file (with the config's overrides) and its task family; checks the trainable workers."""
     overrides: dict[str, Any] = {}
-    if cfg.pipeline or cfg.embedder is not None:
+    learned = split_spec(cfg.conductor)[1] is not None
+    embedder = cfg.embedder if cfg.embedder is not None else (None if learned else "none")
+    if cfg.pipeline or embedder is not None:
         raw = load_team(cfg.team).raw
         if cfg.pipeline:
             conductors = dict(raw.get("conductors") or {})
             conductors["pipeline"] = {**dict(conductors.get("pipeline") or {}), "steps": list(cfg.pipeline)}
             overrides["conductors"] = conductors
-        if cfg.embedder is not None:
-            overrides["embedder"] = cfg.embedder
+        if embedder is not None:
+            overrides["embedder"] = embedder
     spec = load_team(cfg.team, overrides=overrides)
     names = list(spec.env.worker_names)
     for name in cfg.workers:
