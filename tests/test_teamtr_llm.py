@@ -420,3 +420,21 @@ def test_smollm2_one_stage_smoke(tmp_path: Path) -> None:
     assert log.updates[-1]["rollout/episodes"] == 8 and log.updates[-1]["rollout/tokens"] > 0
     assert all((tmp_path / f).exists() for f in RUN_FILES)
     assert (tmp_path / "checkpoints" / "stage-0001" / "adapters" / "critic.safetensors").is_file()
+
+
+def test_llm_coalition_values_replay_the_team_with_workers_replaced(team: LLMTeam) -> None:
+    """Credit on an LLM team: v(S) replays fixed train episodes with the workers outside S replaced by the null
+    (common random numbers: the same tasks and seeds for every coalition, so v(N) repeats exactly)."""
+    full = frozenset({0, 1})
+    v_full = team.coalition_value(full, "drop")
+    assert team.coalition_value(full, "drop") == v_full  # deterministic replay
+    v_none = team.coalition_value(frozenset(), "drop")
+    assert v_none != v_full  # empty messages change the team's returns (token costs, verdicts)
+    assert math.isfinite(team.coalition_value(frozenset({0}), "reference"))
+    with pytest.raises(LLMTeamError, match="uniform"):
+        team.coalition_value(full, "uniform")
+    from orchestra.teamtr.trainer import credit_weights
+
+    phi, w = credit_weights(team, TeamTRConfig(credit="shapley", credit_null="drop"), 0)
+    assert sum(phi.values()) == pytest.approx(v_full - v_none)  # efficiency
+    assert set(w) == {0, 1}

@@ -57,7 +57,7 @@ from torch import Tensor
 from envs.config import Embedder
 from envs.tasks.base import TaskFamily
 from orchestra.backends import make_backend
-from orchestra.backends.base import Backend, GenerationParams
+from orchestra.backends.base import Backend, Completion, GenerationParams, Usage
 from orchestra.backends.hf import TransformersBackend
 from orchestra.backends.models import resolve_model
 from orchestra.runtime.conductors import conductor_factory, split_spec
@@ -65,6 +65,7 @@ from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, episode_seed
 from orchestra.runtime.session import resolve_family
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker
+from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, with_adapters
 from orchestra.teamtr.llm_rollout import AdapterBackend, LLMRollout, Recorder, Turn
 from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
@@ -129,6 +130,9 @@ class LLMTeamConfig:
     num_envs: int = 16  # envs stepped at once by the rollout engine (worker requests batched across them)
     eval_tasks: int = 0  # held-out TEST-split tasks scored after every stage (exact_success); 0 = off
     eval_temperature: float = 0.0  # decoding of trainable workers in the held-out evaluation (0 = greedy)
+    credit_episodes: int = (
+        8  # credit (TeamTRConfig.credit): train-split episodes per coalition value (the same for all)
+    )
     seed: int = 0  # LoRA (and tiny base) init, backend sampling salt, held-out tasks
 
     def __post_init__(self) -> None:
@@ -138,6 +142,8 @@ class LLMTeamConfig:
             raise LLMTeamError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise LLMTeamError(f"need temperature > 0 and 0 < top_p ≤ 1, got {self.temperature}, {self.top_p}")
+        if self.credit_episodes < 1:
+            raise LLMTeamError(f"credit_episodes must be ≥ 1, got {self.credit_episodes}")
         if self.max_tokens < 1 or self.group_size < 1 or self.forward_batch_size < 1 or self.eval_tasks < 0:
             raise LLMTeamError("need max_tokens ≥ 1, group_size ≥ 1, forward_batch_size ≥ 1, eval_tasks ≥ 0")
         if self.reward not in ("return", "success") or self.frozen_workers not in ("base", "team"):
@@ -358,6 +364,35 @@ class LLMTeam:
             for d, worker in saved:
                 d[name] = worker
 
+    # -- coalition values (credit assignment) --------------------------------------------------------------------
+    def coalition_value(self, present: frozenset[int], null: str) -> float:
+        """``CoalitionTeam``: the mean reward (``cfg.reward``) of ``credit_episodes`` fixed train-split episodes (the
+        same tasks and seeds for every coalition: common random numbers) with the trainable workers outside
+        ``present`` replaced by ``null`` — ``drop``: an empty message; ``reference``: the base model with every
+        adapter off (the workers' policy before fine-tuning). Sampling as in training (temperature ``temperature``).
+        ``uniform`` (a uniformly random message) has no meaning over a 49k-token vocabulary and is refused."""
+        if null not in ("drop", "reference"):
+            raise LLMTeamError(f"credit_null {null!r}: an LLM team offers drop or reference")
+        n = self.cfg.credit_episodes
+        tasks = self.family.generate("train", n, derive_seed(self.cfg.seed, 5), self.cfg.difficulty)
+        jobs = [
+            EpisodeJob(f"credit-{i:05d}", t, episode_seed(derive_seed(self.cfg.seed, 6), i))
+            for i, t in enumerate(tasks)
+        ]
+        saved = dict(self.workers)
+        try:
+            for i, name in enumerate(self.agent_names):
+                if i in present:
+                    continue
+                worker = self.workers[name]
+                backend: Backend = _EmptyBackend() if null == "drop" else self.backend_of(i)  # no adapter: the base
+                self.workers[name] = dataclasses.replace(worker, backend=backend)
+            eps = self.engine.run(jobs)
+        finally:
+            self.workers.clear()
+            self.workers.update(saved)
+        return sum(e.return_ if self.cfg.reward == "return" else float(e.success) for e in eps) / len(eps)
+
     # -- teacher-forced log-probs -------------------------------------------------------------------------------
     def _select(self, agent: int) -> Any:
         """Activate ``agent``'s adapter (trainable; the others frozen by peft) in train mode (no dropout: LoRA dropout
@@ -479,6 +514,15 @@ class LLMTeam:
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
+
+
+class _EmptyBackend:
+    """The ``drop`` null of a coalition value: a worker whose every message is empty."""
+
+    model_id = "null:empty"
+
+    def generate(self, requests: Sequence[Any]) -> list[Completion]:
+        return [Completion("", (), (), "stop", Usage(0, 0), self.model_id) for _ in requests]
 
 
 def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
