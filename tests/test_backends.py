@@ -248,6 +248,30 @@ def test_tiny_batched_equals_one_at_a_time() -> None:
         b.generate_ids([[5] * 250], GenerationParams(max_tokens=16))
 
 
+def test_tiny_repeated_prompts_are_prefilled_once_and_sample_as_if_alone() -> None:
+    """A GRPO group sends G requests with one prompt and different seeds: the prompt is prefilled once and its cache
+    row repeated; each request still samples exactly as it does alone."""
+    from orchestra.backends.hf import TransformersBackend
+
+    b = TransformersBackend.from_model(tiny_model(), None, "tiny", max_batch_size=8)
+    prompts = [TINY_PROMPTS[1]] * 3 + [TINY_PROMPTS[0]] * 2 + [TINY_PROMPTS[3]]
+    params = [GenerationParams(max_tokens=12, temperature=1.0, seed=s) for s in range(len(prompts))]
+    seen: list[int] = []
+    forward = b._forward
+
+    def counting(ids: Any, mask: Any, pos: Any, cache: Any) -> Any:
+        seen.append(int(ids.shape[0]))
+        return forward(ids, mask, pos, cache)
+
+    b._forward = counting  # type: ignore[method-assign]
+    batched = b.generate_ids(prompts, params)
+    assert seen[0] == 3  # three distinct prompts prefilled, six requests decoded
+    for q, p, x in zip(prompts, params, batched, strict=True):
+        y = b.generate_ids([q], p)[0]
+        assert x.token_ids == y.token_ids and np.allclose(x.logprobs, y.logprobs, atol=1e-5)
+    assert len({x.token_ids for x in batched[:3]}) > 1  # the seeds, not the shared prefill, decide the samples
+
+
 def test_tiny_lora_adapter_changes_only_requests_that_select_it(tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
 

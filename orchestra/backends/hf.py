@@ -276,16 +276,24 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         device, n = self.device, len(prompts)
-        width = max(len(p) for p in prompts)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: the last column is every row's last token
+        # identical prompts (a GRPO group's G samples of one task) are prefilled once and their cache rows repeated
+        first: dict[tuple[int, ...], int] = {}
+        row_of = [first.setdefault(tuple(p), len(first)) for p in prompts]
+        unique = [list(k) for k in first]
+        width = max(len(p) for p in unique)
+        ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, prompt in enumerate(unique):  # left padding: the last column is every row's last token
             ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # per-row positions 0..len-1, pads at 0
         cache = DynamicCache(config=getattr(self.model, "config", None))
-        logits = self._forward(ids, mask, pos, cache)  # [n, V]
+        logits = self._forward(ids, mask, pos, cache)  # [u, V]
+        if len(unique) < n:
+            expand = torch.tensor(row_of, dtype=torch.long, device=device)
+            logits, mask, pos = logits[expand], mask[expand], pos[expand]
+            cache.batch_select_indices(expand)  # [n, …]: each request's row of its prompt's prefill
         rngs = [np.random.default_rng([self.seed, p.seed]) for p in params]
         toks: list[list[int]] = [[] for _ in range(n)]
         lps: list[list[float]] = [[] for _ in range(n)]
