@@ -438,3 +438,34 @@ def test_llm_coalition_values_replay_the_team_with_workers_replaced(team: LLMTea
     phi, w = credit_weights(team, TeamTRConfig(credit="shapley", credit_null="drop"), 0)
     assert sum(phi.values()) == pytest.approx(v_full - v_none)  # efficiency
     assert set(w) == {0, 1}
+
+
+def test_shared_prompt_forward_gives_the_same_logprobs_and_gradients(team: LLMTeam) -> None:
+    """Training forwards run a prompt shared by a group's samples once: log-probs, exact logits and gradients equal
+    those of the padded batch of full sequences (share_prompts off)."""
+    batch = team.sample(4, torch.Generator().manual_seed(5))
+    turns = batch.turns_of(0)
+    assert len({t.prompt_ids for t in turns}) < len(turns)  # the group's first turns share their prompt
+
+    def run(share: bool) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        team.cfg = dataclasses.replace(team.cfg, share_prompts=share)
+        for p in team.parameters(0):
+            p.grad = None
+        logp = team.logprobs(0, batch)
+        (logp * batch.mask[0]).sum().backward()
+        grads = [p.grad.detach().clone() for p in team.parameters(0)]
+        with torch.no_grad():
+            logits = team.logits(0, batch)
+        return logp.detach(), logits, grads
+
+    try:
+        a, la, ga = run(True)
+        b, lb, gb = run(False)
+    finally:
+        team.cfg = dataclasses.replace(team.cfg, share_prompts=True)
+        for p in team.parameters(0):
+            p.grad = None
+    assert torch.allclose(a, b, atol=1e-4), float((a - b).abs().max())
+    assert torch.allclose(la, lb, atol=1e-4)
+    assert all(torch.allclose(x, y, atol=1e-4, rtol=1e-3) for x, y in zip(ga, gb, strict=True))
+    assert any(float(g.abs().max()) > 0 for g in ga)

@@ -35,8 +35,10 @@ With a bfloat16 base, peft keeps the adapters in float32 (``autocast_adapter_dty
 
 GPU configuration (``orchestra/teamtr/configs/smollm2_gpu.yaml``): ``dtype: bfloat16, device: cuda``, 64 episodes per
 batch (8 tasks × G = 8), ``max_tokens: 128``, decode/forward batches of 64/32 rows, 64 held-out evaluation tasks.
-CPU (2 busy cores, one torch thread, fp32; measured): loading SmolLM2 17–36 s; a batch of 4 episodes × 3 LLM turns of
-≤ 24 tokens samples in ~19 s; one update of a worker with 8 turns (4 forwards + 1 backward) takes ~55 s.
+CPU cost of a stage, phase by phase and against this machine's matmul roofline: ``benchmarks/finetune.py``. Levers in
+place: identical prompts (a group's G samples) are prefilled once when sampling and run once in training forwards
+(``share_prompts``); no observation encoder under a rule-based conductor; one logits forward for the end-of-update
+diagnostics; ``TeamTRConfig.old_logprobs="behaviour"`` skips the π_cur forward.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ class LLMTeamConfig:
     reward: Literal["return", "success"] = "return"  # episode reward: the team return or the verifier's success
     has_logits: bool = False  # offer (B, T, V) logits: exact-vocabulary KL (memory-hungry at V = 49152); else k3
     forward_batch_size: int = 16  # turns per training forward pass (memory)
+    share_prompts: bool = True  # training forwards run a prompt shared by several turns once (same numbers, less work)
     max_batch_size: int = 16  # rows per decoding forward pass
     num_envs: int = 16  # envs stepped at once by the rollout engine (worker requests batched across them)
     eval_tasks: int = 0  # held-out TEST-split tasks scored after every stage (exact_success); 0 = off
@@ -404,31 +407,102 @@ class LLMTeam:
 
     def turn_logits(self, agent: int, turns: Sequence[Turn]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """Per chunk of ``forward_batch_size`` turns: (logits (N, R, V) of z / temperature, targets (N, R), valid
-        (N, R)). Sequences prompt+sampled are LEFT-padded (positions = cumsum(mask) − 1, as in decoding), so every
-        turn's sampled ids end at the last column; the last R + 1 positions' logits predict them (shift by one):
-        column c of the output predicts the token at column W − R + c, and turn n's ids sit in its last L_n columns."""
+        (N, R)); turn n's ids sit in the last L_n columns of its row, column c of the logits predicting column c.
+
+        Turns that share their prompt (a GRPO group's G samples at the same turn) are computed with the prompt's
+        forward done ONCE (:meth:`_shared_logits`: its KV cache, with grad, repeated per sample); the others as one
+        left-padded batch of prompt + sampled ids (:meth:`_padded_logits`). Both give the same numbers."""
         model = self._select(agent)
-        pad = self.backend_of(agent).pad_id
         for start in range(0, len(turns), self.cfg.forward_batch_size):
-            chunk = turns[start : start + self.cfg.forward_batch_size]
-            seqs = [t.prompt_ids + t.token_ids for t in chunk]
-            width = max(len(s) for s in seqs)
+            chunk = list(turns[start : start + self.cfg.forward_batch_size])
+            groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+            for n, t in enumerate(chunk):
+                groups[t.prompt_ids].append(n)
+            shared = [n for rows in groups.values() if len(rows) > 1 for n in rows] if self.cfg.share_prompts else []
+            alone = sorted(set(range(len(chunk))) - set(shared))
             r_max = max(len(t.token_ids) for t in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(chunk), width), dtype=torch.long)
+            parts: list[tuple[list[int], Tensor]] = []
+            if shared:
+                parts.append((shared, self._shared_logits(model, agent, [chunk[n] for n in shared], r_max)))
+            if alone:
+                parts.append((alone, self._padded_logits(model, agent, [chunk[n] for n in alone], r_max)))
+            order = [n for rows, _ in parts for n in rows]
+            logits = torch.cat([lg for _, lg in parts]) if len(parts) > 1 else parts[0][1]
+            logits = logits[torch.tensor([order.index(n) for n in range(len(chunk))], device=logits.device)]
             tgt = torch.zeros((len(chunk), r_max), dtype=torch.long)
             valid = torch.zeros((len(chunk), r_max), dtype=torch.bool)
-            for n, (t, s) in enumerate(zip(chunk, seqs, strict=True)):
-                ids[n, width - len(s) :] = torch.tensor(s)
-                attn[n, width - len(s) :] = 1
+            for n, t in enumerate(chunk):
                 if t.token_ids:
                     tgt[n, r_max - len(t.token_ids) :] = torch.tensor(t.token_ids)
                     valid[n, r_max - len(t.token_ids) :] = True
-            ids, attn = ids.to(self.device), attn.to(self.device)
-            pos = (attn.cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=r_max + 1)
-            logits = out.logits[:, :-1, :].float() / self.cfg.temperature  # (N, R, V)
             yield logits, tgt.to(self.device), valid.to(self.device)
+
+    def _padded_logits(self, model: Any, agent: int, chunk: Sequence[Turn], r_max: int) -> Tensor:
+        """(N, r_max, V): prompt + sampled ids LEFT-padded (positions = cumsum(mask) − 1, as in decoding), so every
+        turn's ids end at the last column; the last r_max + 1 positions' logits predict the last r_max columns."""
+        pad = self.backend_of(agent).pad_id
+        seqs = [t.prompt_ids + t.token_ids for t in chunk]
+        width = max(len(q) for q in seqs)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(chunk), width), dtype=torch.long)
+        for n, q in enumerate(seqs):
+            ids[n, width - len(q) :] = torch.tensor(q)
+            attn[n, width - len(q) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=r_max + 1)
+        return out.logits[:, :-1, :].float() / self.cfg.temperature
+
+    def _shared_logits(self, model: Any, agent: int, chunk: Sequence[Turn], r_max: int) -> Tensor:
+        """(N, r_max, V) for turns whose prompts repeat: each distinct prompt is run once (use_cache, with grad: the
+        adapter acts on the prompt's keys and values too), its cache rows are repeated for its turns, and the
+        sampled ids but the last are run on top (right-padded; causal attention keeps pads out of real positions).
+        Logits are right-aligned as in :meth:`_padded_logits`."""
+        from transformers import DynamicCache
+
+        pad = self.backend_of(agent).pad_id
+        first: dict[tuple[int, ...], int] = {}
+        row_of = [first.setdefault(t.prompt_ids, len(first)) for t in chunk]
+        prompts = list(first)
+        width = max(len(q) for q in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        for u, q in enumerate(prompts):
+            ids[u, width - len(q) :] = torch.tensor(q)
+            attn[u, width - len(q) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=getattr(model, "config", None))
+        cache_arg = self.backend_of(agent)._cache_arg
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                    **{cache_arg: cache})  # fmt: skip
+        expand = torch.tensor(row_of, dtype=torch.long, device=self.device)
+        head = out.logits[:, -1, :][expand]  # (N, V): predicts each turn's first sampled id
+        cache.batch_select_indices(expand)
+        lens = [len(t.token_ids) for t in chunk]
+        rest = max(lens) - 1
+        first_logits = head.float() / self.cfg.temperature
+        if rest <= 0:
+            cont = first_logits.new_zeros((len(chunk), 0, first_logits.shape[-1]))
+        else:
+            c_ids = torch.full((len(chunk), rest), pad, dtype=torch.long)
+            c_attn = torch.zeros((len(chunk), rest), dtype=torch.long)
+            for n, t in enumerate(chunk):
+                if len(t.token_ids) > 1:
+                    c_ids[n, : len(t.token_ids) - 1] = torch.tensor(t.token_ids[:-1])
+                    c_attn[n, : len(t.token_ids) - 1] = 1
+            c_ids, c_attn = c_ids.to(self.device), c_attn.to(self.device)
+            full_attn = torch.cat([attn[expand], c_attn], dim=-1)
+            c_pos = pos[expand][:, -1:] + 1 + torch.arange(rest, device=self.device)
+            out2 = model(input_ids=c_ids, attention_mask=full_attn, position_ids=c_pos, use_cache=True,
+                         **{cache_arg: cache})  # fmt: skip
+            cont = out2.logits.float() / self.cfg.temperature  # (N, rest, V): column j predicts token j + 1
+        vocab = first_logits.shape[-1]
+        rows = []
+        for n, length in enumerate(lens):
+            own = torch.cat([first_logits[n : n + 1], cont[n, : max(length - 1, 0)]])[:length]  # (L_n, V)
+            rows.append(torch.cat([own.new_zeros((r_max - length, vocab)), own]))
+        return torch.stack(rows)
 
     def _positions(self, turns: Sequence[Turn], width: int) -> Tensor:
         """Flat (B·T) indices of the turns' sampled ids, in turn order then token order."""
