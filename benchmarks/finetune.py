@@ -1,6 +1,6 @@
 """Where one TeamTR stage on real LLM workers spends its time, next to this machine's matmul roofline.
 
-    python benchmarks/finetune.py [--model smollm2] [--episodes 8] [--seed 0] [--threads 2] [--stage]
+    python benchmarks/finetune.py [--model smollm2] [--episodes 8] [--seed 0] [--threads 2] [--stage] [--compare]
 
 In one run (docs/architecture.md §7: ratios against figures measured in the same run, absolute ones labelled with
 the machine):
@@ -14,7 +14,8 @@ the machine):
   tok/s and share of the roofline (FLOPs ≈ 2 forwards: the frozen base needs activation gradients, not weight
   gradients);
 - **KL check**: one no-grad forward of the same turns (what each trust-region check costs);
-- **stage** (``--stage``): one whole ``train`` stage of the CPU default trainer (``LLM_CPU_TRAINER``), wall time.
+- **stage** (``--stage``): one whole ``train`` stage of the CPU default trainer (``LLM_CPU_TRAINER``), wall time;
+- ``--compare``: the same with every lever off (the stage as it was before them), and the speedup of each phase.
 
 Importable: ``run(...)`` returns the figures as a flat dict of ``perf/...`` keys. Speed is never asserted in tests.
 """
@@ -70,15 +71,25 @@ def flops(body: int, head: int, processed: int, scored: int, passes: float) -> f
 
 
 def run(
-    model: str = "smollm2", episodes: int = 8, seed: int = 0, threads: int | None = None, stage: bool = False
+    model: str = "smollm2",
+    episodes: int = 8,
+    seed: int = 0,
+    threads: int | None = None,
+    stage: bool = False,
+    baseline: bool = False,
 ) -> dict[str, Any]:
+    """The figures of one configuration: today's levers on, or (``baseline``) every lever off — the stage as it was
+    before them (observation encoder on, no shared prefill, no shared training prompts, π_cur recomputed)."""
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
     cfg = LLMTeamConfig(model=model, workers=("solver",), group_size=4, max_tokens=64, num_envs=episodes,
-                        max_batch_size=episodes, forward_batch_size=episodes, seed=seed)  # fmt: skip
+                        max_batch_size=episodes, forward_batch_size=episodes, seed=seed,
+                        share_prompts=not baseline, embedder="minilm" if baseline else None)  # fmt: skip
     t0 = time.perf_counter()
     team = LLMTeam(cfg)
+    for backend in team.backends:
+        backend.share_prefill = not baseline
     out: dict[str, Any] = {"perf/load_seconds": time.perf_counter() - t0, "perf/threads": torch.get_num_threads()}
     body, head = _sizes(team)
     hidden = int(team.model_of(0).config.hidden_size)
@@ -118,7 +129,8 @@ def run(
         from orchestra.teamtr.trainer import train
 
         t0 = time.perf_counter()
-        train(team, dataclasses.replace(LLM_CPU_TRAINER, num_stages=1, batch_size=episodes, seed=seed))
+        trainer = dataclasses.replace(LLM_CPU_TRAINER, num_stages=1, batch_size=episodes, seed=seed)
+        train(team, trainer if baseline else dataclasses.replace(trainer, old_logprobs="behaviour"))
         out["perf/stage_seconds"] = time.perf_counter() - t0
     return out
 
@@ -130,11 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     ap.add_argument("--stage", action="store_true", help="also time one whole training stage")
+    ap.add_argument("--compare", action="store_true", help="also run with every lever off and print the speedups")
     a = ap.parse_args(argv)
     res = run(a.model, a.episodes, a.seed, a.threads, a.stage)
+    base = run(a.model, a.episodes, a.seed, a.threads, a.stage, baseline=True) if a.compare else {}
     print(f"machine: {machine()}")
     for k, v in res.items():
-        print(f"{k:36s} {v:.3f}" if isinstance(v, float) else f"{k:36s} {v}")
+        line = f"{k:36s} {v:.3f}" if isinstance(v, float) else f"{k:36s} {v}"
+        if k in base and k.endswith("_seconds") and k != "perf/load_seconds" and v > 0:
+            line += f"   (levers off: {base[k]:.3f}; speedup {base[k] / v:.2f}×)"
+        print(line)
     return 0
 
 

@@ -142,6 +142,9 @@ class TransformersBackend:
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.max_batch_size = int(max_batch_size)
+        self.share_prefill = (
+            True  # identical prompts of one call are prefilled once (False: one row each, for benchmarks)
+        )
         self.seed = int(seed)
         self._lock = threading.RLock()
         ids: set[int] = set()
@@ -278,8 +281,8 @@ class TransformersBackend:
         device, n = self.device, len(prompts)
         # identical prompts (a GRPO group's G samples of one task) are prefilled once and their cache rows repeated
         first: dict[tuple[int, ...], int] = {}
-        row_of = [first.setdefault(tuple(p), len(first)) for p in prompts]
-        unique = [list(k) for k in first]
+        row_of = [first.setdefault(tuple(p), len(first)) for p in prompts] if self.share_prefill else list(range(n))
+        unique = [list(k) for k in first] if self.share_prefill else [list(p) for p in prompts]
         width = max(len(p) for p in unique)
         ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(unique), width), dtype=torch.long)
