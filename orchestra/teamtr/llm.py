@@ -437,19 +437,22 @@ class LLMTeam:
                     valid[n, r_max - len(t.token_ids) :] = True
             yield logits, tgt.to(self.device), valid.to(self.device)
 
+    def _left_padded(self, seqs: Sequence[Sequence[int]], agent: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(ids, attention mask, position ids), each (N, W): ``seqs`` LEFT-padded to one width (positions =
+        cumsum(mask) − 1, as in decoding), on the team's device."""
+        width = max(len(q) for q in seqs)
+        ids = torch.full((len(seqs), width), self.backend_of(agent).pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        for n, q in enumerate(seqs):
+            ids[n, width - len(q) :] = torch.tensor(list(q))
+            attn[n, width - len(q) :] = 1
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
+
     def _padded_logits(self, model: Any, agent: int, chunk: Sequence[Turn], r_max: int) -> Tensor:
         """(N, r_max, V): prompt + sampled ids LEFT-padded (positions = cumsum(mask) − 1, as in decoding), so every
         turn's ids end at the last column; the last r_max + 1 positions' logits predict the last r_max columns."""
-        pad = self.backend_of(agent).pad_id
-        seqs = [t.prompt_ids + t.token_ids for t in chunk]
-        width = max(len(q) for q in seqs)
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(chunk), width), dtype=torch.long)
-        for n, q in enumerate(seqs):
-            ids[n, width - len(q) :] = torch.tensor(q)
-            attn[n, width - len(q) :] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids, attn, pos = self._left_padded([t.prompt_ids + t.token_ids for t in chunk], agent)
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=r_max + 1)
         return out.logits[:, :-1, :].float() / self.cfg.temperature
 
@@ -463,15 +466,7 @@ class LLMTeam:
         pad = self.backend_of(agent).pad_id
         first: dict[tuple[int, ...], int] = {}
         row_of = [first.setdefault(t.prompt_ids, len(first)) for t in chunk]
-        prompts = list(first)
-        width = max(len(q) for q in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        for u, q in enumerate(prompts):
-            ids[u, width - len(q) :] = torch.tensor(q)
-            attn[u, width - len(q) :] = 1
-        ids, attn = ids.to(self.device), attn.to(self.device)
-        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        ids, attn, pos = self._left_padded(list(first), agent)
         cache = DynamicCache(config=getattr(model, "config", None))
         cache_arg = self.backend_of(agent)._cache_arg
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
