@@ -8,7 +8,17 @@ import torch
 from torch import Tensor
 
 from orchestra.teamtr.config import KLDirection, KLEstimator, TeamTRConfig
-from orchestra.teamtr.losses import kl_exact, kl_k1, kl_k2, kl_k3, kl_swapped_k3, masked_mean
+from orchestra.teamtr.losses import (
+    adaptive_kl_coef_lagrangian,
+    adaptive_kl_coef_ppo,
+    adaptive_kl_coef_proportional,
+    kl_exact,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_swapped_k3,
+    masked_mean,
+)
 from orchestra.teamtr.protocols import BatchT, TrainableTeam
 
 
@@ -100,4 +110,13 @@ def backtrack(
         return kl_before, cfg.max_backtracks, "reverted", None
 
 
-__all__ = ["backtrack", "token_kl"]
+def penalty_update(beta: float, kl: float, delta: float, batch_size: int, cfg: TeamTRConfig) -> float:
+    """β_i after an update in penalty mode, by ``cfg.kl_penalty_rule`` (docs/algorithms.md §2.4 options 2–3)."""
+    if cfg.kl_penalty_rule == "proportional":
+        return adaptive_kl_coef_proportional(beta, kl, delta, n_steps=batch_size, horizon=cfg.kl_penalty_horizon)
+    if cfg.kl_penalty_rule == "lagrangian":
+        return adaptive_kl_coef_lagrangian(beta, kl, delta, lr=cfg.kl_penalty_lr)
+    return adaptive_kl_coef_ppo(beta, kl, delta, tolerance=cfg.kl_penalty_tolerance, factor=cfg.kl_penalty_factor)
+
+
+__all__ = ["backtrack", "penalty_update", "token_kl"]

@@ -78,6 +78,57 @@ def certificate_table(rows: Sequence[dict[str, Any]], schemes: Sequence[str]) ->
     return out
 
 
+def paired_tests(
+    final: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], cfg: BenchConfig
+) -> list[dict[str, Any]]:
+    """At the largest n, per accounting: teamtr − each other scheme, paired over seeds (the J each run is read at in
+    ``final``): mean, SE, paired t-test p (scipy) and Holm-adjusted p across the other schemes (statsmodels)."""
+    from scipy import stats as sps
+    from statsmodels.stats.multitest import multipletests
+
+    n_max = max(cfg.ns)
+    runs = run_curves(rows)
+    out: list[dict[str, Any]] = []
+    for accounting in dict.fromkeys(r["accounting"] for r in final):
+        stage_of = {r["scheme"]: r for r in final if r["accounting"] == accounting and r["n"] == n_max}
+        if "teamtr" not in stage_of:
+            continue
+        picked: dict[str, dict[int, float]] = {}
+        for scheme in cfg.schemes:
+            picked[scheme] = {}
+            for s in range(cfg.seeds):
+                curve, ref = runs.get((n_max, scheme, s)), runs.get((n_max, "teamtr", s))
+                if not curve or not ref:
+                    continue
+                if accounting == "equal_stages":
+                    idx = min(cfg.num_stages, len(curve) - 1)
+                else:
+                    idx = equal_episode_stage(
+                        [r["episodes"] for r in curve], ref[min(cfg.num_stages, len(ref) - 1)]["episodes"]
+                    )
+                picked[scheme][s] = curve[idx]["J"]
+        others = [sc for sc in cfg.schemes if sc != "teamtr" and picked[sc]]
+        rows_acc: list[dict[str, Any]] = []
+        for other in others:
+            seeds = sorted(set(picked["teamtr"]) & set(picked[other]))
+            d = np.asarray([picked["teamtr"][s] - picked[other][s] for s in seeds])
+            p = (
+                float(sps.ttest_rel([picked["teamtr"][s] for s in seeds], [picked[other][s] for s in seeds]).pvalue)
+                if len(d) > 1 and d.std() > 0
+                else math.nan
+            )
+            rows_acc.append(dict(accounting=accounting, n=n_max, vs=other, seeds=len(d), diff_mean=float(d.mean()),
+                                 diff_se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan, p=p))  # fmt: skip
+        finite = [r for r in rows_acc if math.isfinite(r["p"])]
+        adjusted = multipletests([r["p"] for r in finite], method="holm")[1] if finite else []
+        for r, h in zip(finite, adjusted, strict=True):
+            r["p_holm"] = float(h)
+        for r in rows_acc:
+            r.setdefault("p_holm", math.nan)
+        out += rows_acc
+    return out
+
+
 def equal_episode_stage(episodes: Sequence[float], target: float) -> int:
     """Index of the first stage whose cumulative episodes reach ``target``; if none does, the nearest one (ties: the
     earliest). ``episodes`` is non-decreasing, one entry per stage (index 0 = before training)."""
@@ -206,7 +257,7 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
         ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
         trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
     tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust,
-              "certificate": certificate_table(rows, cfg.schemes)}  # fmt: skip
+              "certificate": certificate_table(rows, cfg.schemes), "paired": paired_tests(final, rows, cfg)}  # fmt: skip
     tables["checks"] = acceptance_checks(cfg, tables)
     return tables
 
@@ -268,6 +319,7 @@ __all__ = [
     "acceptance_checks",
     "analyse",
     "certificate_table",
+    "paired_tests",
     "drift_terms",
     "run_curves",
     "equal_episode_stage",

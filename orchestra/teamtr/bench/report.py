@@ -21,6 +21,10 @@ def _cell(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _pval(v: float) -> str:
+    return "—" if math.isnan(v) else f"{v:.2g}"
+
+
 def _pivot(table: Sequence[dict[str, Any]], cfg: BenchConfig, fmt: Any, accounting: str | None = None) -> list[str]:
     """Markdown table: one row per n, one column per scheme."""
     lines = ["| n | " + " | ".join(cfg.schemes) + " |", "|---|" + "---|" * len(cfg.schemes)]
@@ -75,6 +79,18 @@ def summary_sections(
         out[f"J:{accounting}"] += _pivot(tables["final"], cfg, j_cell, accounting) + [""]
         out[f"paired:{accounting}"] = [f"Paired J_scheme − J_teamtr, mean ± SE ({title}):", ""]
         out[f"paired:{accounting}"] += _pivot(tables["final"], cfg, diff_cell, accounting) + [""]
+        tests = [r for r in tables.get("paired", []) if r["accounting"] == accounting]
+        if tests:
+            out[f"paired:{accounting}"] += [
+                f"At n = {tests[0]['n']}: teamtr − each scheme, paired over seeds (paired t-test, scipy; Holm across "
+                "the comparisons, statsmodels):",
+                "",
+                "| vs | seeds | teamtr − it (mean ± SE) | p | p (Holm) |",
+                "|---|---:|---:|---:|---:|",
+                *(f"| {r['vs']} | {r['seeds']} | {_cell(r['diff_mean'], 3)} ± {_cell(r['diff_se'], 3)} | "
+                  f"{_pval(r['p'])} | {_pval(r['p_holm'])} |" for r in tests),
+                "",
+            ]  # fmt: skip
         out[f"stages:{accounting}"] = ["Stage read (mean) and cumulative episodes:", ""]
         out[f"stages:{accounting}"] += _pivot(tables["final"], cfg, stage_cell, accounting) + [""]
     lines: list[str] = []
@@ -167,6 +183,7 @@ def summary_sections(
     ]
     out["files"] = [
         "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `trust.csv`, `certificate.csv`, "
+        "`paired.csv`, "
         "`checks.csv`, "
         "`learning_curves.png`, `drift.png`.",
         "",
