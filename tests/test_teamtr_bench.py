@@ -264,6 +264,8 @@ def test_stale_gap_certificate_and_alpha_readings(tmp_path: Path) -> None:
     assert alpha["teamtr"]["alpha_b_without_n2"] and alpha["naive"]["alpha_b_vs_terms"]
     assert drift_terms("teamtr", 8) == 7 and drift_terms("naive", 8) == 28
     assert "Certificate proxy" in result.section("certificate")
+    paired = _csv(tmp_path / "paired.csv")  # teamtr − each scheme at the largest n, per accounting
+    assert {r["vs"] for r in paired} == {"naive", "stale_indep", "naive_bigB"} and {r["n"] for r in paired} == {"4"}
     # the exact surrogate of a change is the first-order change of J
     team = ChainTeam(chain_config(cfg, 3, 0))
     warm_start(team)
