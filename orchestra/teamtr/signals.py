@@ -1,6 +1,7 @@
 """The learning signals of a TeamTR update (docs/algorithms.md §2.2–§2.3, §5): sequence and per-agent advantages
 (GRPO, batch mean, Dr. MAS), credit weights from coalition values (leave-one-out, Shapley), the surrogate gain of a
-change on a batch, and the policy entropy. Pure functions of tensors and a team; imports torch and numpy only. The
+change on a batch, the policy entropy and the log-probs under reference adapters. Functions of tensors and a team;
+imports torch and numpy only. The
 update that uses them: :func:`orchestra.teamtr.trainer.update_agents`."""
 
 from __future__ import annotations
