@@ -482,10 +482,8 @@ def test_sigkill_mid_run_then_resume_gives_a_valid_file_without_duplicates(tmp_p
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     child = subprocess.Popen(cmd, cwd=REPO, env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        assert child.poll() is None, f"child exited with {child.returncode} before it could be killed"
-        assert time.monotonic() < deadline, f"never saw the file in state {cut!r} within 60 s"
+    while True:  # bounded: the child writes n episodes and exits, which fails the next line
+        assert child.poll() is None, f"child exited with {child.returncode} before the file was seen in state {cut!r}"
         os.kill(child.pid, signal.SIGSTOP)
         os.waitpid(child.pid, os.WUNTRACED)  # really stopped: no write in flight while we look
         data = out.read_bytes() if out.exists() else b""
