@@ -78,36 +78,18 @@ def certificate_table(rows: Sequence[dict[str, Any]], schemes: Sequence[str]) ->
     return out
 
 
-def paired_tests(
-    final: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], cfg: BenchConfig
-) -> list[dict[str, Any]]:
-    """At the largest n, per accounting: teamtr − each other scheme, paired over seeds (the J each run is read at in
-    ``final``): mean, SE, paired t-test p (scipy) and Holm-adjusted p across the other schemes (statsmodels)."""
+def paired_tests(picks: dict[str, dict[str, dict[int, float]]], n: int) -> list[dict[str, Any]]:
+    """At chain length ``n``, per accounting: teamtr − each other scheme, paired over seeds (``picks``: accounting →
+    scheme → seed → the J that run is read at, as in the ``final`` table): mean, SE, paired t-test p (scipy) and
+    Holm-adjusted p across the other schemes (statsmodels)."""
     from scipy import stats as sps
     from statsmodels.stats.multitest import multipletests
 
-    n_max = max(cfg.ns)
-    runs = run_curves(rows)
     out: list[dict[str, Any]] = []
-    for accounting in dict.fromkeys(r["accounting"] for r in final):
-        stage_of = {r["scheme"]: r for r in final if r["accounting"] == accounting and r["n"] == n_max}
-        if "teamtr" not in stage_of:
+    for accounting, picked in picks.items():
+        if not picked.get("teamtr"):
             continue
-        picked: dict[str, dict[int, float]] = {}
-        for scheme in cfg.schemes:
-            picked[scheme] = {}
-            for s in range(cfg.seeds):
-                curve, ref = runs.get((n_max, scheme, s)), runs.get((n_max, "teamtr", s))
-                if not curve or not ref:
-                    continue
-                if accounting == "equal_stages":
-                    idx = min(cfg.num_stages, len(curve) - 1)
-                else:
-                    idx = equal_episode_stage(
-                        [r["episodes"] for r in curve], ref[min(cfg.num_stages, len(ref) - 1)]["episodes"]
-                    )
-                picked[scheme][s] = curve[idx]["J"]
-        others = [sc for sc in cfg.schemes if sc != "teamtr" and picked[sc]]
+        others = [sc for sc in picked if sc != "teamtr" and picked[sc]]
         rows_acc: list[dict[str, Any]] = []
         for other in others:
             seeds = sorted(set(picked["teamtr"]) & set(picked[other]))
@@ -117,7 +99,7 @@ def paired_tests(
                 if len(d) > 1 and d.std() > 0
                 else math.nan
             )
-            rows_acc.append(dict(accounting=accounting, n=n_max, vs=other, seeds=len(d), diff_mean=float(d.mean()),
+            rows_acc.append(dict(accounting=accounting, n=n, vs=other, seeds=len(d), diff_mean=float(d.mean()),
                                  diff_se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan, p=p))  # fmt: skip
         finite = [r for r in rows_acc if math.isfinite(r["p"])]
         adjusted = multipletests([r["p"] for r in finite], method="holm")[1] if finite else []
@@ -174,6 +156,7 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
     final: list[dict[str, Any]] = []
     regressions: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
+    picks: dict[str, dict[str, dict[int, float]]] = {}  # at the largest n: accounting → scheme → seed → J read
     for accounting in ("equal_stages", "equal_episodes"):
         if accounting == "equal_episodes" and "teamtr" not in cfg.schemes:
             continue
@@ -194,6 +177,8 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
                         target = ref[min(cfg.num_stages, len(ref) - 1)]["episodes"]
                         idx = equal_episode_stage([r["episodes"] for r in curve], target)
                     picked[scheme][s] = curve[idx]
+            if n == max(cfg.ns):
+                picks[accounting] = {sc: {s: r["J"] for s, r in got.items()} for sc, got in picked.items()}
             for scheme in cfg.schemes:
                 got = picked[scheme]
                 j_mean, j_sd = _mean_sd([r["J"] for r in got.values()])
@@ -257,7 +242,7 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
         ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
         trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
     tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust,
-              "certificate": certificate_table(rows, cfg.schemes), "paired": paired_tests(final, rows, cfg)}  # fmt: skip
+              "certificate": certificate_table(rows, cfg.schemes), "paired": paired_tests(picks, max(cfg.ns))}  # fmt: skip
     tables["checks"] = acceptance_checks(cfg, tables)
     return tables
 
