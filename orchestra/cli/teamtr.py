@@ -55,6 +55,44 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
         ],
     )
     q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
+    from orchestra.jobs.bench import FinetuneBenchJob
+
+    f = bsub.add_parser(
+        "finetune",
+        help="real LLM team: frozen vs teamtr / naive / joint / HAPPO on held-out tasks, paired CIs, both accountings",
+        description=FINETUNE_BENCH_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    add_options(
+        f,
+        FinetuneBenchJob(),
+        [
+            "out",
+            Opt("report", "--report", help="also write summary.md here (e.g. docs/results/finetune.md)"),
+            Opt(
+                "bench.schemes", "--schemes", help="trainer schemes (teamtr naive joint joint_indep happo stale_indep)"
+            ),
+            Opt("bench.seeds", "--seeds"),
+            Opt("bench.eval_tasks", "--eval-tasks"),
+            Opt("bench.eval_split", "--eval-split"),
+            Opt("bench.eval_every", "--eval-every"),
+            Opt("bench.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
+            Opt("bench.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
+            Opt("bench.trainer.batch_size", "--batch-size"),
+            Opt("bench.trainer.lr", "--lr"),
+            Opt("bench.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
+            *_team_options("bench.team"),
+            Opt("bench.team.workers", "--workers"),
+            *_model_options("bench.team"),
+            *_engine_options("bench.team"),
+            Opt("bench.team.group_size", "--group-size"),
+            Opt("bench.seed", "--seed"),
+            "threads",
+            Opt("progress", "--quiet", help="no progress output"),
+        ],
+    )
+    f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
 
 
 _WARM_PASS = (
@@ -64,10 +102,33 @@ _WARM_PASS = (
 _NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the schemes that sample one batch per stage run n× shorter)"
 
 
-def _cmd_bench(a: argparse.Namespace) -> int:
-    from orchestra.jobs.bench import BenchJob, run_bench_job
-    from orchestra.teamtr.bench.config import BenchConfig
+FINETUNE_BENCH_DESCRIPTION = """\
+The first real-LLM comparison of phase 2: the trainable LLM workers of a team (default: the arithmetic team's
+solver and critic under the fixed pipeline solve -> check -> revise, SmolLM2 with one LoRA adapter each) trained
+by teamtr, naive, joint and HAPPO, and the frozen team, all played on the same held-out tasks with the same episode
+seeds. Read at equal stages and at equal sampled episodes; paired 95% CIs over tasks against the frozen team and
+between schemes (Holm-adjusted), the per-seed differences beside them.
 
+Writes OUT/config.json, OUT/evals.csv (one row per evaluation and task), the tables as CSV, learning_curves.png,
+summary.md and OUT/runs/SCHEME-seedS/ (each run's metrics and checkpoints). Resumable: run the same command again.
+Tune settings with --eval-split validation; report the test split once per released configuration.
+"""
+
+
+def _cmd_bench(a: argparse.Namespace) -> int:
+    from orchestra.jobs.bench import BenchJob, FinetuneBenchJob, run_bench_job, run_finetune_bench_job
+    from orchestra.teamtr.bench.config import BenchConfig
+    from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+
+    if a.bench == "finetune":
+        job = FinetuneBenchJob(bench=FinetuneBenchConfig.smoke()) if a.smoke else FinetuneBenchJob()
+        try:
+            result = run_finetune_bench_job(build(job, a))
+        except (ValueError, FileExistsError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"summary: {result.summary}")
+        return 0
     base = BenchJob(bench=BenchConfig.smoke()) if a.smoke else BenchJob()
     print(f"summary: {run_bench_job(build(base, a)).summary}")
     return 0
@@ -333,7 +394,9 @@ def _cmd_align(a: argparse.Namespace) -> int:
     return 0
 
 
-BENCH = {"bench": Command("benchmarks (phase 2: TeamTR on the telephone chain)", _bench, _cmd_bench)}
+BENCH = {
+    "bench": Command("benchmarks (phase 2: TeamTR on the telephone chain and on a real LLM team)", _bench, _cmd_bench)
+}
 COMMANDS = {
     "finetune": Command(
         "phase 2: fine-tune a team's LLM workers with TeamTR (one LoRA adapter each) under a fixed conductor",

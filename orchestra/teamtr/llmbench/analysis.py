@@ -1,0 +1,159 @@
+"""The tables of the real-LLM fine-tuning benchmark, from its per-task ``evals.csv`` rows (pure functions).
+
+The unit of every paired comparison is the held-out *task*: every evaluation played the same tasks with the same
+episode seeds. For scheme A against B (the frozen team, or another scheme) at one accounting, task t gives
+d_t = mean over seeds of (x_A,s,t − x_B,s,t); the table reports mean(d), its two-sided 95% t interval
+(:func:`orchestra.report.stats.paired_mean`, statsmodels) and the one-sample t-test p (scipy), Holm-adjusted across
+the table's comparisons at that accounting (statsmodels). That interval is over tasks with the trained teams held
+fixed: it says how sure we are of the effect of THESE trained adapters on the task distribution, not how a fresh
+training seed would do. The seed-level view sits beside it: the per-seed mean differences and the t-test over seeds
+(df = seeds − 1), which is the test of "training with this scheme helps".
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestra.report.stats import holm, paired_mean
+from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+
+FROZEN = "frozen"
+ACCOUNTINGS = ("equal_stages", "equal_episodes")
+MEASURES = ("success", "return")
+
+
+def accounting_stage(cfg: FinetuneBenchConfig, scheme: str, accounting: str) -> int:
+    """The stage a scheme is read at: ``num_stages`` (equal stages) or :meth:`~FinetuneBenchConfig.stages_for`
+    (equal sampled episodes: teamtr's episode count at ``num_stages``); 0 for the frozen team."""
+    if scheme == FROZEN:
+        return 0
+    return cfg.num_stages if accounting == "equal_stages" else cfg.stages_for(scheme)
+
+
+def outcome_matrix(
+    rows: Sequence[dict[str, Any]], scheme: str, stage: int, seeds: int, n_tasks: int, measure: str
+) -> np.ndarray | None:
+    """(seeds, tasks) outcomes of one (scheme, stage) evaluation; None unless every seed has every task."""
+    m = np.full((seeds, n_tasks), math.nan)
+    for r in rows:
+        if r["scheme"] == scheme and r["stage"] == stage and r["seed"] < seeds:
+            m[r["seed"], r["task"]] = r[measure]
+    return None if np.isnan(m).any() else m
+
+
+def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
+    """A against B from their (seeds, tasks) outcomes: the task-level interval and test (seed-averaged differences)
+    and the seed-level view (module docstring)."""
+    from scipy import stats as sps
+
+    d_task = (a - b).mean(axis=0)
+    mean, lo, hi = paired_mean(a.mean(axis=0), b.mean(axis=0))
+    # no spread (e.g. two teams that played every task alike): no test, nan (Holm leaves it out)
+    p = float(sps.ttest_1samp(d_task, 0.0).pvalue) if d_task.size > 1 and np.ptp(d_task) > 0 else math.nan
+    d_seed = (a - b).mean(axis=1)
+    p_seeds = float(sps.ttest_1samp(d_seed, 0.0).pvalue) if d_seed.size > 1 and np.ptp(d_seed) > 0 else math.nan
+    return dict(diff=mean, lo=lo, hi=hi, p=p, tasks=int(d_task.size), seeds=int(d_seed.size),
+                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds)  # fmt: skip
+
+
+def _holm_in_place(table: list[dict[str, Any]], group: str) -> None:
+    for key in sorted({r[group] for r in table}):
+        sub = [r for r in table if r[group] == key]
+        for r, h in zip(sub, holm([r["p"] for r in sub]), strict=True):
+            r["p_holm"] = h
+
+
+def training_curves(runs_dir: Path, cfg: FinetuneBenchConfig) -> list[dict[str, Any]]:
+    """Per (scheme, seed, update): the mean reward of the batch it trained on and the episodes sampled so far, from
+    each run directory's ``updates.csv`` (missing runs are skipped)."""
+    out: list[dict[str, Any]] = []
+    for scheme in cfg.schemes:
+        for seed in range(cfg.seeds):
+            path = runs_dir / f"{scheme}-seed{seed}" / "updates.csv"
+            if not path.exists():
+                continue
+            with path.open(newline="") as f:
+                for r in csv.DictReader(f):
+                    out.append(dict(scheme=scheme, seed=seed, stage=int(float(r["rollout/stage"])) + 1,
+                                    episodes=int(float(r["rollout/episodes"])), tokens=int(float(r["rollout/tokens"])),
+                                    reward=float(r["rollout/reward_mean"])))  # fmt: skip
+    return out
+
+
+def analyse(
+    cfg: FinetuneBenchConfig, rows: Sequence[dict[str, Any]], runs_dir: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Every table: ``final`` (each scheme at each accounting), ``vs_frozen``, ``pairwise``, ``curves`` (held-out
+    success per evaluation stage) and ``training`` (training-batch reward per update)."""
+    n_tasks, seeds = cfg.eval_tasks, cfg.seeds
+    schemes = [FROZEN, *cfg.schemes]
+    final: list[dict[str, Any]] = []
+    mats: dict[tuple[str, str, str], np.ndarray] = {}
+    for accounting in ACCOUNTINGS:
+        for scheme in schemes:
+            stage = accounting_stage(cfg, scheme, accounting)
+            m = {ms: outcome_matrix(rows, scheme, stage, seeds, n_tasks, ms) for ms in MEASURES}
+            if m["success"] is None or m["return"] is None:
+                continue
+            for ms, v in m.items():
+                assert v is not None
+                mats[(accounting, scheme, ms)] = v
+            sub = [r for r in rows if r["scheme"] == scheme and r["stage"] == stage and r["task"] == 0]
+            per_seed = m["success"].mean(axis=1)
+            final.append(
+                dict(accounting=accounting, scheme=scheme, stage=stage, success=float(m["success"].mean()),
+                     success_seed_sd=float(per_seed.std(ddof=1)) if seeds > 1 else math.nan,
+                     ret=float(m["return"].mean()), episodes=float(np.mean([r["episodes"] for r in sub])),
+                     tokens=float(np.mean([r["tokens"] for r in sub])),
+                     train_seconds=float(np.mean([r["train_seconds"] for r in sub])),
+                     eval_tokens=float(np.mean([r["eval_tokens"] for r in rows if r["scheme"] == scheme
+                                                and r["stage"] == stage])))
+            )  # fmt: skip
+    vs_frozen: list[dict[str, Any]] = []
+    pairwise: list[dict[str, Any]] = []
+    for accounting in ACCOUNTINGS:
+        for ms in MEASURES:
+            base = mats.get((accounting, FROZEN, ms))
+            for scheme in cfg.schemes:
+                a = mats.get((accounting, scheme, ms))
+                if a is not None and base is not None:
+                    vs_frozen.append(dict(accounting=accounting, measure=ms, scheme=scheme, **paired_row(a, base)))
+            for x, y in combinations(cfg.schemes, 2):
+                a, b = mats.get((accounting, x, ms)), mats.get((accounting, y, ms))
+                if a is not None and b is not None:
+                    pairwise.append(dict(accounting=accounting, measure=ms, scheme=x, vs=y, **paired_row(a, b)))
+    for table in (vs_frozen, pairwise):
+        for r in table:
+            r["group"] = f"{r['accounting']}/{r['measure']}"
+        _holm_in_place(table, "group")
+        for r in table:
+            del r["group"]
+    curves: list[dict[str, Any]] = []
+    keys = sorted({(r["scheme"], r["seed"], r["stage"]) for r in rows})
+    for scheme, seed, stage in keys:
+        sub = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) == (scheme, seed, stage)]
+        curves.append(dict(scheme=scheme, seed=seed, stage=stage, episodes=sub[0]["episodes"], tokens=sub[0]["tokens"],
+                           success=float(np.mean([r["success"] for r in sub])),
+                           ret=float(np.mean([r["return"] for r in sub]))))  # fmt: skip
+    return dict(final=final, vs_frozen=vs_frozen, pairwise=pairwise, curves=curves,
+                training=training_curves(runs_dir, cfg))  # fmt: skip
+
+
+def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The issue's criterion read off the tables: does teamtr's held-out success exceed the frozen team's, with the
+    task-level 95% interval above 0 (and the Holm-adjusted p below 0.05), at each accounting."""
+    out: dict[str, Any] = {}
+    for r in tables["vs_frozen"]:
+        if r["scheme"] == "teamtr" and r["measure"] == "success":
+            out[r["accounting"]] = bool(r["lo"] > 0 and r["p_holm"] < 0.05)
+    return out
+
+
+__all__ = ["ACCOUNTINGS", "accounting_stage", "acceptance", "analyse", "outcome_matrix", "paired_row"]

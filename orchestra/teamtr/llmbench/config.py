@@ -1,0 +1,140 @@
+"""The real-LLM fine-tuning benchmark's config: which team, schemes, seeds and held-out tasks, composed with the
+``TeamTRConfig`` and ``LLMTeamConfig`` every run trains with (one source each: :data:`LLM_BENCH_TRAINER`,
+:data:`LLM_BENCH_TEAM`).
+
+Two accountings, as in the telephone-chain benchmark (``orchestra bench teamtr``): *equal stages* reads every scheme
+after ``trainer.num_stages`` stages (every worker updated that many times; teamtr has then sampled n× the episodes of
+the schemes that sample one batch per stage); *equal episodes* reads the one-batch schemes after n × that many stages,
+when they have sampled as many episodes as teamtr (``extend_for_episodes``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
+from orchestra.teamtr.llm import LLMTeamConfig
+
+# schemes that sample one fresh batch per worker update (n per stage): equal episodes at equal stages
+FULL_VOLUME: frozenset[str] = frozenset({"teamtr", "stale_indep"})
+
+# The bench's team: the arithmetic team's solver and critic, both trainable, under a fixed pipeline in which both
+# speak in every episode: the solver solves, the calculator checks its arithmetic (a FAIL states the true value), the
+# critic reviews, the solver revises, the calculator checks again. One-step word problems (difficulty 1), where the
+# frozen team's held-out success lies in the 20-60% band the comparison needs (22.5% on 40 validation tasks when the
+# setting was chosen; docs/results/finetune.md quotes the test figure).
+LLM_BENCH_TEAM = LLMTeamConfig(
+    team="arithmetic",
+    difficulty=1,
+    conductor="pipeline",
+    pipeline=("solver:solve", "calculator:check", "critic:check", "solver:revise", "calculator:check"),
+    workers=("solver", "critic"),
+    max_tokens=48,
+    group_size=4,
+    reward="success",
+    max_batch_size=32,
+    num_envs=32,
+)
+# its trainer: 16 episodes per batch (4 tasks × G = 4), one epoch, a LoRA-sized learning rate whose steps the trust
+# region (δ = 0.02 per token) shortens when they move a worker too far; π_cur's log-probs are the sampler's
+LLM_BENCH_TRAINER = TeamTRConfig(
+    num_stages=6, batch_size=16, num_epochs=1, num_minibatches=1, lr=1e-3, delta=0.02, old_logprobs="behaviour"
+)
+
+
+@dataclass(frozen=True)
+class FinetuneBenchConfig:
+    """Every knob of ``orchestra bench finetune`` (defaults: the full CPU benchmark).
+
+    Per (scheme, seed) run the benchmark sets the team's ``seed`` (LoRA init, sampling salt) and the trainer's
+    ``seed`` from (``seed``, run seed) only, so every scheme of a seed starts from the same adapters and draws the
+    same first batch (paired), the trainer's ``scheme`` and its ``num_stages`` (:meth:`stages_for`). Every
+    evaluation plays the same ``eval_tasks`` tasks of ``eval_split`` with the same episode seeds (paired over tasks)."""
+
+    team: LLMTeamConfig = field(default_factory=lambda: LLM_BENCH_TEAM)  # the team, conductor, model and sampling
+    trainer: TeamTRConfig = field(default_factory=lambda: LLM_BENCH_TRAINER)  # the trainer of every run
+    schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes (the frozen team is always in)
+    seeds: int = 3  # seeds per scheme; seed s gives every scheme the same init and first batch
+    eval_tasks: int = 200  # held-out tasks of every evaluation (the same tasks and episode seeds every time)
+    eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once
+    eval_every: int = 0  # stages between extra held-out evaluations (learning curves); 0 = the accountings' only
+    extend_for_episodes: bool = True  # one-batch schemes run n × the stages (the equal-episodes accounting)
+    seed: int = 0  # root seed: run seeds, held-out tasks and their episode seeds derive from it
+
+    def __post_init__(self) -> None:
+        bad = [s for s in self.schemes if s not in SCHEMES]
+        if not self.schemes or bad or len(set(self.schemes)) != len(self.schemes):
+            raise ValueError(f"schemes: expected distinct entries of {SCHEMES}, got {list(self.schemes)}")
+        if self.seeds < 1 or self.eval_tasks < 1 or self.eval_every < 0 or self.trainer.num_stages < 1:
+            raise ValueError("need seeds ≥ 1, eval_tasks ≥ 1, eval_every ≥ 0 and trainer.num_stages ≥ 1")
+        if self.eval_split not in ("validation", "test"):
+            raise ValueError(f"eval_split: expected validation or test, got {self.eval_split!r}")
+        if self.trainer.batch_size % self.team.group_size:
+            raise ValueError(
+                f"trainer.batch_size {self.trainer.batch_size} must be a multiple of team.group_size "
+                f"{self.team.group_size} (G episodes per task)"
+            )
+
+    @property
+    def n_agents(self) -> int:
+        return len(self.team.workers)
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of the equal-stages accounting: ``trainer.num_stages``."""
+        return self.trainer.num_stages
+
+    def stages_for(self, scheme: str) -> int:
+        """Stages a scheme trains for: ``num_stages`` for the schemes that sample n batches per stage (teamtr,
+        stale_indep), n × that for the others with ``extend_for_episodes``."""
+        if scheme in FULL_VOLUME or not self.extend_for_episodes:
+            return self.num_stages
+        return self.n_agents * self.num_stages
+
+    def eval_stages(self, scheme: str) -> tuple[int, ...]:
+        """The stages after which a scheme's team is evaluated: 0 (the frozen team), the accountings' stages and
+        every ``eval_every`` (when > 0)."""
+        last = self.stages_for(scheme)
+        extra = range(self.eval_every, last + 1, self.eval_every) if self.eval_every else ()
+        stages = {0, self.num_stages, last, *extra}
+        return tuple(sorted(s for s in stages if s <= last))
+
+    @classmethod
+    def smoke(cls, **overrides: Any) -> FinetuneBenchConfig:
+        """A tiny preset for tests: the random-init tiny model, teamtr vs naive, 1 seed, 2 stages, 6 held-out tasks
+        (under a minute on 2 cores). Its figures mean nothing; it exercises every path of the full benchmark."""
+        team = replace(
+            LLM_BENCH_TEAM,
+            model="tiny",
+            max_tokens=6,
+            group_size=2,
+            max_batch_size=8,
+            num_envs=8,
+            forward_batch_size=8,
+        )
+        trainer = replace(LLM_BENCH_TRAINER, num_stages=2, batch_size=4, lr=1e-2)
+        base = cls(team=team, trainer=trainer, schemes=("teamtr", "naive"), seeds=1, eval_tasks=6, eval_every=1)
+        return replace(base, **overrides)
+
+    def team_config(self, seed: int) -> LLMTeamConfig:
+        """The team of run seed ``seed`` (every scheme shares it): its own LoRA init and sampling salt."""
+        return replace(self.team, seed=derive_seed(self.seed, seed, 0, bits=31), eval_tasks=0)
+
+    def trainer_config(self, scheme: str, seed: int, num_stages: int | None = None) -> TeamTRConfig:
+        """The trainer of run (scheme, seed), trained up to ``num_stages`` (default: all its stages)."""
+        return replace(
+            self.trainer,
+            scheme=scheme,  # type: ignore[arg-type]
+            num_stages=self.stages_for(scheme) if num_stages is None else num_stages,
+            seed=derive_seed(self.seed, seed, 1, bits=31),
+            evaluate=False,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
+        out: dict[str, Any] = json.loads(json.dumps(asdict(self)))
+        return out
+
+
+__all__ = ["FULL_VOLUME", "LLM_BENCH_TEAM", "LLM_BENCH_TRAINER", "FinetuneBenchConfig"]

@@ -1,0 +1,235 @@
+"""The real-LLM fine-tuning benchmark's report: ``summary.md`` (the setting, every table and a reading generated from
+them, as named sections) and ``learning_curves.png``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from orchestra.teamtr.bench.report import _cell, _pval
+from orchestra.teamtr.llmbench.analysis import ACCOUNTINGS, FROZEN, acceptance
+from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+
+_ACCOUNTING_TEXT = {
+    "equal_stages": "equal stages (every worker updated {S} times)",
+    "equal_episodes": "equal sampled episodes (teamtr's episodes at stage {S})",
+}
+
+
+def _pct(v: float) -> str:
+    return "—" if math.isnan(v) else f"{100 * v:+.1f}"
+
+
+def _setting(cfg: FinetuneBenchConfig, seconds: float) -> list[str]:
+    team, tr = cfg.team, cfg.trainer
+    steps = " → ".join(team.pipeline) if team.pipeline else f"the team file's {team.conductor!r} schedule"
+    return [
+        "# Fine-tuning a real LLM team: TeamTR vs naive, joint and HAPPO against the frozen team",
+        "",
+        f"Team `{team.team}` (family {team.family or 'of the team file'}, difficulty "
+        f"{team.difficulty if team.difficulty is not None else 'mixed'}), fixed conductor `{team.conductor}`: {steps}. "
+        f"Trainable workers: {', '.join(team.workers)} (one LoRA adapter each, r = {team.lora_r}, on one frozen "
+        f"`{team.model}` base, {team.dtype} on {team.device}); sampling temperature {team.temperature:g}, at most "
+        f"{team.max_tokens} new tokens per turn; reward: {team.reward}.",
+        "",
+        f"Trainer: {tr.num_stages} stages (equal-stages accounting; one-batch schemes run "
+        f"{cfg.stages_for('naive')} for equal episodes), batches of {tr.batch_size} episodes "
+        f"({tr.batch_size // team.group_size} tasks × G = {team.group_size}), {tr.optimizer} lr {tr.lr:g} "
+        f"(optimizer state {tr.optimizer_state}), {tr.num_epochs} epoch(s), trust region {tr.trust_region} with δ = "
+        f"{tr.delta} per token, advantage {tr.advantage}. Schemes: {', '.join(cfg.schemes)}; {cfg.seeds} seeds "
+        "(paired: a seed gives every scheme the same initial adapters and trainer seed).",
+        "",
+        f"Held out: the same {cfg.eval_tasks} `{cfg.eval_split}` tasks with the same episode seeds in every evaluation, "
+        f"trainable workers decoding at temperature {team.eval_temperature:g}"
+        + (" (greedy: the frozen team is played once and serves every seed)." if team.eval_temperature == 0 else "."),
+        f"Wall time of this invocation: {seconds / 60:.1f} min.",
+        "",
+    ]
+
+
+def _final(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    lines = [
+        "## Held-out success and cost, per accounting",
+        "",
+        "Success and return: mean over seeds and tasks (± the SD of the per-seed means). Episodes, tokens and "
+        "training wall time: sampled by training up to the stage read (mean over seeds).",
+        "",
+    ]
+    for accounting in ACCOUNTINGS:
+        rows = [r for r in tables["final"] if r["accounting"] == accounting]
+        if not rows:
+            continue
+        lines += [
+            f"**{_ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)}**",
+            "",
+            "| scheme | stage | success | ± seed SD | return | episodes | tokens sampled | train min | tokens/eval task |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rows:
+            lines.append(
+                f"| {r['scheme']} | {r['stage']} | {r['success']:.1%} | {_cell(r['success_seed_sd'])} | "
+                f"{r['ret']:.3f} | {r['episodes']:.0f} | {r['tokens']:.0f} | {r['train_seconds'] / 60:.1f} | "
+                f"{r['eval_tokens']:.1f} |"
+            )
+        lines.append("")
+    return lines
+
+
+def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfig, against: str | None) -> list[str]:
+    lines = [
+        f"## {title}",
+        "",
+        "Δ = mean over tasks of the seed-averaged per-task difference, in points of success (×100) or in return; "
+        "95% t interval over tasks; p: one-sample t-test over tasks (scipy), Holm-adjusted within each "
+        "accounting and measure (statsmodels). Per seed: the mean difference of each seed; p (seeds): t-test over "
+        "seeds, the test of the training procedure rather than of these trained adapters.",
+        "",
+    ]
+    for accounting in ACCOUNTINGS:
+        for measure in ("success", "return"):
+            rows = [r for r in table if r["accounting"] == accounting and r["measure"] == measure]
+            if not rows:
+                continue
+            fmt = _pct if measure == "success" else (lambda v: _cell(v))
+            lines += [
+                f"**{measure}, {_ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)}**",
+                "",
+                "| comparison | Δ | 95% CI | p | p (Holm) | per seed | p (seeds) |",
+                "|---|---|---|---|---|---|---|",
+            ]
+            for r in rows:
+                name = f"{r['scheme']} − {against or r['vs']}"
+                per_seed = r["per_seed"]
+                if measure == "success":
+                    per_seed = " ".join(f"{100 * float(v):+.1f}" for v in per_seed.split())
+                lines.append(
+                    f"| {name} | {fmt(r['diff'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] | {_pval(r['p'])} | "
+                    f"{_pval(r['p_holm'])} | {per_seed} | {_pval(r['p_seeds'])} |"
+                )
+            lines.append("")
+    return lines
+
+
+def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Sentences the tables support, generated from them (nothing here is typed by hand)."""
+    lines = ["## What the numbers show, and what they do not", ""]
+    verdict = acceptance(tables)
+    frozen = next((r for r in tables["final"] if r["scheme"] == FROZEN), None)
+    if frozen is not None:
+        band = "inside" if 0.2 <= frozen["success"] <= 0.6 else "OUTSIDE"
+        lines.append(
+            f"- The frozen team solves {frozen['success']:.1%} of the held-out tasks ({band} the 20–60% band)."
+        )
+    for accounting in ACCOUNTINGS:
+        row = next(
+            (r for r in tables["vs_frozen"] if r["accounting"] == accounting and r["scheme"] == "teamtr"
+             and r["measure"] == "success"),
+            None,
+        )  # fmt: skip
+        if row is None:
+            continue
+        text = _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)
+        if verdict.get(accounting):
+            lines.append(
+                f"- At {text}, teamtr improves held-out success over the frozen team by {_pct(row['diff'])} points "
+                f"(95% CI [{_pct(row['lo'])}, {_pct(row['hi'])}], Holm p {_pval(row['p_holm'])}); per seed "
+                f"{row['per_seed']}, p over seeds {_pval(row['p_seeds'])}."
+            )
+        else:
+            lines.append(
+                f"- At {text}, teamtr does NOT improve held-out success over the frozen team with a 95% interval "
+                f"above 0: Δ {_pct(row['diff'])} points, CI [{_pct(row['lo'])}, {_pct(row['hi'])}], Holm p "
+                f"{_pval(row['p_holm'])}."
+            )
+    for accounting in ACCOUNTINGS:
+        sig = [
+            r for r in tables["pairwise"]
+            if r["accounting"] == accounting and r["measure"] == "success" and r["p_holm"] < 0.05
+        ]  # fmt: skip
+        text = _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)
+        if sig:
+            pairs = "; ".join(
+                f"{r['scheme']} − {r['vs']} {_pct(r['diff'])} points (Holm p {_pval(r['p_holm'])})" for r in sig
+            )
+            lines.append(f"- Scheme differences in success that survive Holm at {text}: {pairs}.")
+        elif any(r["accounting"] == accounting for r in tables["pairwise"]):
+            lines.append(f"- No difference in success between two schemes survives Holm at {text}.")
+    lines += [
+        "- The task-level intervals hold the trained adapters fixed; with "
+        f"{cfg.seeds} seeds, the seed-level p values are the evidence about the training procedure, and they are "
+        "weak by construction. One team, one family, one model size and one trainer setting: nothing here says how "
+        "the schemes compare elsewhere.",
+        "",
+    ]
+    return lines
+
+
+def summary_sections(
+    cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float
+) -> dict[str, list[str]]:
+    """``summary.md`` as named sections: setting, final, vs_frozen, pairwise, reading, files."""
+    return {
+        "setting": _setting(cfg, seconds),
+        "final": _final(cfg, tables),
+        "vs_frozen": _paired("Against the frozen team", tables["vs_frozen"], cfg, FROZEN),
+        "pairwise": _paired("Between schemes", tables["pairwise"], cfg, None),
+        "reading": _reading(cfg, tables),
+        "files": [
+            "![held-out success and training reward against sampled episodes](learning_curves.png)",
+            "",
+            "Files: `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
+            "`curves.csv`, `training.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
+            "metrics and checkpoints).",
+            "",
+        ],
+    }
+
+
+def plot(
+    cfg: FinetuneBenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
+) -> None:
+    """``learning_curves.png``: held-out success against sampled episodes (mean over seeds, seeds as dots) and the
+    training batches' mean reward against sampled episodes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    frozen = [r["success"] for r in tables["curves"] if r["scheme"] == FROZEN]
+    if frozen:
+        axes[0].axhline(float(np.mean(frozen)), color="grey", ls="--", label="frozen")
+    for scheme in cfg.schemes:
+        pts = [r for r in tables["curves"] if r["scheme"] == scheme]
+        if not pts:
+            continue
+        by_stage: dict[int, list[dict[str, Any]]] = {}
+        for r in pts:
+            by_stage.setdefault(r["stage"], []).append(r)
+        stages = sorted(by_stage)
+        x = [float(np.mean([r["episodes"] for r in by_stage[s]])) for s in stages]
+        y = [float(np.mean([r["success"] for r in by_stage[s]])) for s in stages]
+        (line,) = axes[0].plot(x, y, "-o", label=scheme)
+        axes[0].scatter(
+            [r["episodes"] for r in pts], [r["success"] for r in pts], s=8, color=line.get_color(), alpha=0.4
+        )
+        train = [r for r in tables["training"] if r["scheme"] == scheme]
+        if train:
+            eps = sorted({r["episodes"] for r in train})
+            axes[1].plot(eps, [float(np.mean([r["reward"] for r in train if r["episodes"] == e])) for e in eps],
+                         label=scheme, color=line.get_color(), alpha=0.8)  # fmt: skip
+    axes[0].set_xlabel("sampled episodes")
+    axes[0].set_ylabel("held-out success")
+    axes[0].legend(fontsize=8)
+    axes[1].set_xlabel("sampled episodes")
+    axes[1].set_ylabel(f"training batch reward ({cfg.team.reward})")
+    fig.tight_layout()
+    fig.savefig(out / "learning_curves.png", dpi=100)
+    plt.close(fig)
+
+
+__all__ = ["plot", "summary_sections"]

@@ -1,0 +1,218 @@
+"""Running the real-LLM fine-tuning benchmark: every (scheme, seed) run, its held-out evaluations in ``evals.csv``,
+resume, then the tables, plots and ``summary.md``.
+
+Per run seed one :class:`~orchestra.teamtr.llm.LLMTeam` is built (its LoRA init from the seed); every scheme of that
+seed starts from those initial adapters and trains with the same trainer seed, so the schemes are PAIRED. A run is
+trained by :func:`orchestra.teamtr.trainer.train` into its own run directory (``runs/{scheme}-seed{s}/``: resolved
+config, per-update and per-stage metrics, stage checkpoints) up to each evaluation stage in turn; the team is then
+played, greedily by default, on the same held-out tasks with the same episode seeds, one ``evals.csv`` row per task.
+
+Stage 0 of every scheme is the frozen team (the LoRA adapters start at B = 0: the base exactly). With greedy
+evaluation (``eval_temperature`` 0) it is the same for every seed, so it is played once and its rows are reused for
+every seed; with sampled evaluation it is played per seed.
+
+Resume: a directory holding the same ``config.json`` keeps every complete evaluation of ``evals.csv`` and continues
+each run from its latest checkpoint (bit-identically: :func:`~orchestra.teamtr.trainer.train`'s resume).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from orchestra.teamtr.config import derive_seed
+from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+
+EVAL_FIELDS = (
+    "scheme", "seed", "stage", "episodes", "tokens", "train_seconds", "task", "difficulty", "success", "return",
+    "eval_tokens",
+)  # fmt: skip
+FROZEN = "frozen"
+
+
+@dataclass(frozen=True)
+class FinetuneBenchResult:
+    """What :func:`run_finetune_bench` wrote: ``summary.md`` and its sections."""
+
+    summary: Path  # OUT/summary.md
+    sections: dict[str, list[str]]  # the summary's named sections (lines)
+    tables: dict[str, list[dict[str, Any]]]  # every table (also written as OUT/{name}.csv)
+
+    def section(self, *names: str) -> str:
+        from orchestra.teamtr.bench.report import join_sections
+
+        return join_sections(self.sections, names).strip()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# files
+
+
+def read_evals(path: Path) -> list[dict[str, Any]]:
+    """The rows of an ``evals.csv`` (ValueError naming the file and line of a damaged row)."""
+    rows: list[dict[str, Any]] = []
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [k for k in EVAL_FIELDS if k not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: lacks the columns {missing}; use another output directory")
+        for line, r in enumerate(reader, start=2):
+            try:
+                rows.append(
+                    dict(scheme=r["scheme"], seed=int(r["seed"]), stage=int(r["stage"]), episodes=int(r["episodes"]),
+                         tokens=int(r["tokens"]), train_seconds=float(r["train_seconds"]), task=int(r["task"]),
+                         difficulty=int(r["difficulty"]), success=float(r["success"]), **{"return": float(r["return"])},
+                         eval_tokens=int(r["eval_tokens"]))
+                )  # fmt: skip
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{line}: a damaged row ({e}); delete the line to re-run its evaluation") from e
+    return rows
+
+
+def _append(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(EVAL_FIELDS))
+        if new:
+            w.writeheader()
+        for r in rows:
+            w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in EVAL_FIELDS})
+        f.flush()
+
+
+def complete_evaluations(rows: Sequence[dict[str, Any]], n_tasks: int) -> set[tuple[str, int, int]]:
+    """(scheme, seed, stage) keys holding one row for each of the ``n_tasks`` tasks."""
+    tasks: dict[tuple[str, int, int], set[int]] = {}
+    for r in rows:
+        tasks.setdefault((r["scheme"], r["seed"], r["stage"]), set()).add(r["task"])
+    return {k for k, t in tasks.items() if t == set(range(n_tasks))}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one evaluation
+
+
+def held_out_tasks(cfg: FinetuneBenchConfig) -> list[Any]:
+    """The held-out tasks of every evaluation: ``eval_tasks`` tasks of ``eval_split`` (the team's family and
+    difficulty), from the root seed only."""
+    from orchestra.teamtr.llm import _load_team
+
+    _, family = _load_team(cfg.team)
+    return family.generate(cfg.eval_split, cfg.eval_tasks, derive_seed(cfg.seed, 7, bits=31), cfg.team.difficulty)
+
+
+def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[dict[str, Any]]:
+    """Play ``tasks`` with the team's held-out workers (``eval_temperature``); one row per task (success, return,
+    the trainable workers' tokens)."""
+    from orchestra.runtime.rollout import EpisodeJob, episode_seed
+
+    seed = derive_seed(cfg.seed, 8, bits=31)
+    jobs = [EpisodeJob(f"heldout-{i:05d}", replace(t), episode_seed(seed, i)) for i, t in enumerate(tasks)]
+    order = {j.episode_id: i for i, j in enumerate(jobs)}
+    rows: list[dict[str, Any]] = [{} for _ in jobs]
+    for ep in team.eval_engine.run(jobs):
+        i = order[ep.episode_id]
+        tokens = sum(int(v) for w, v in (ep.usage.get("tokens") or {}).items() if w in cfg.team.workers)
+        rows[i] = dict(task=i, difficulty=int(tasks[i].difficulty or 0), success=float(ep.success),
+                       **{"return": float(ep.return_)}, eval_tokens=tokens)  # fmt: skip
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def run_finetune_bench(
+    cfg: FinetuneBenchConfig, out_dir: str | Path, *, say: Callable[[str], None] | None = None
+) -> FinetuneBenchResult:
+    """Run every (scheme, seed), evaluate each at its evaluation stages, write the tables, plots and
+    ``summary.md`` into ``out_dir``.
+
+    Raises:
+        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
+    """
+    from orchestra.teamtr.llm import LLMTeam
+    from orchestra.teamtr.llmbench.analysis import analyse
+    from orchestra.teamtr.llmbench.report import plot, summary_sections
+    from orchestra.teamtr.trainer import train
+
+    talk = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    config_path, evals_path = out / "config.json", out / "evals.csv"
+    if config_path.exists() and json.loads(config_path.read_text()) != cfg.to_json():
+        raise FileExistsError(f"{config_path} holds a different benchmark config; use another output directory")
+    config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    rows = read_evals(evals_path) if evals_path.exists() else []
+    done = complete_evaluations(rows, cfg.eval_tasks)
+    rows = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) in done]
+    if evals_path.exists():  # drop the rows of an evaluation cut short
+        evals_path.unlink()
+        _append(evals_path, rows)
+    tasks = held_out_tasks(cfg)
+    greedy = cfg.team.eval_temperature == 0
+    n = cfg.n_agents
+
+    def record(scheme: str, seed: int, stage: int, played: list[dict[str, Any]], log: Any) -> None:
+        st = log.stages[stage - 1] if stage else {}
+        extra = dict(scheme=scheme, seed=seed, stage=stage, episodes=int(st.get("rollout/episodes", 0)),
+                     tokens=int(st.get("rollout/tokens", 0)), train_seconds=float(st.get("perf/wall_seconds", 0.0)))  # fmt: skip
+        new = [{**extra, **r} for r in played]
+        _append(evals_path, new)
+        rows.extend(new)
+        done.add((scheme, seed, stage))
+        mean = sum(r["success"] for r in played) / len(played)
+        talk(f"bench finetune {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
+
+    for seed in range(cfg.seeds):
+        todo = [(s, k) for s in cfg.schemes for k in cfg.eval_stages(s)[1:] if (s, seed, k) not in done]
+        need_frozen = (FROZEN, seed, 0) not in done
+        if not todo and not need_frozen:
+            continue
+        team = LLMTeam(cfg.team_config(seed), log=talk)
+        initial = [team.state(i) for i in range(n)]
+        if need_frozen:
+            source = [r for r in rows if r["scheme"] == FROZEN and r["stage"] == 0] if greedy else []
+            played = [{k: r[k] for k in EVAL_FIELDS[6:]} for r in source] or evaluate(team, tasks, cfg)
+            record(FROZEN, seed, 0, played, None)
+        for scheme in cfg.schemes:
+            stages = [k for k in cfg.eval_stages(scheme)[1:] if (scheme, seed, k) not in done]
+            if not stages:
+                continue
+            for i, state in enumerate(initial):
+                team.load_state(i, state)
+            run_dir = out / "runs" / f"{scheme}-seed{seed}"
+            t_run = time.perf_counter()
+            for stage in stages:
+                log = train(team, cfg.trainer_config(scheme, seed, stage), out_dir=run_dir, resume=True)
+                if len(log.stages) != stage:
+                    raise RuntimeError(
+                        f"{run_dir}: its checkpoint is past stage {stage} but evals.csv lacks that evaluation; "
+                        "delete the run directory to re-run it"
+                    )
+                record(scheme, seed, stage, evaluate(team, tasks, cfg), log)
+            talk(f"bench finetune {scheme} seed {seed}: done in {time.perf_counter() - t_run:.0f} s")
+    tables = analyse(cfg, rows, out / "runs")
+    for name, table in tables.items():
+        if table:
+            with (out / f"{name}.csv").open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(table[0]))
+                w.writeheader()
+                w.writerows(table)
+    plot(cfg, rows, tables, out)
+    from orchestra.teamtr.bench.report import join_sections
+
+    sections = summary_sections(cfg, tables, time.perf_counter() - t0)
+    summary = out / "summary.md"
+    summary.write_text(join_sections(sections))
+    return FinetuneBenchResult(summary, sections, tables)
+
+
+__all__ = ["EVAL_FIELDS", "FROZEN", "FinetuneBenchResult", "evaluate", "held_out_tasks", "run_finetune_bench"]

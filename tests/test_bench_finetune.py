@@ -1,0 +1,211 @@
+"""``orchestra bench finetune``: the config and its accountings, the paired statistics against scipy, the smoke run's
+files and tables, resume after a cut-short evaluation, bad input, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from orchestra.teamtr.llmbench.analysis import acceptance, analyse, paired_row
+from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+from orchestra.teamtr.llmbench.run import EVAL_FIELDS, read_evals, run_finetune_bench
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMOKE = FinetuneBenchConfig.smoke()
+
+
+def _csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config
+
+
+def test_accountings_and_evaluation_stages() -> None:
+    cfg = FinetuneBenchConfig()  # 2 trainable workers, 8 stages
+    assert cfg.n_agents == 2 and cfg.num_stages == 6
+    assert cfg.stages_for("teamtr") == 6 and cfg.stages_for("stale_indep") == 6
+    assert cfg.stages_for("naive") == cfg.stages_for("joint") == cfg.stages_for("happo") == 12
+    assert cfg.eval_stages("teamtr") == (0, 6) and cfg.eval_stages("naive") == (0, 6, 12)
+    assert replace(cfg, eval_every=4).eval_stages("naive") == (0, 4, 6, 8, 12)
+    assert replace(cfg, extend_for_episodes=False).stages_for("naive") == 6
+    # every scheme of a seed shares the team seed and the trainer seed; seeds differ from each other
+    assert (
+        cfg.trainer_config("teamtr", 1).seed
+        == cfg.trainer_config("happo", 1).seed
+        != cfg.trainer_config("teamtr", 2).seed
+    )
+    assert cfg.team_config(0).seed != cfg.team_config(1).seed and cfg.team_config(0).eval_tasks == 0
+    assert cfg.trainer_config("naive", 0, 3).num_stages == 3 and cfg.trainer_config("naive", 0).scheme == "naive"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(schemes=("teamtr", "bogus")),
+        dict(schemes=("teamtr", "teamtr")),
+        dict(schemes=()),
+        dict(seeds=0),
+        dict(eval_tasks=0),
+        dict(eval_every=-1),
+        dict(eval_split="train"),
+    ],
+)
+def test_bad_config_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        FinetuneBenchConfig(**bad)
+    with pytest.raises(ValueError, match="multiple of team.group_size"):
+        FinetuneBenchConfig(trainer=replace(FinetuneBenchConfig().trainer, batch_size=6))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# statistics
+
+
+def test_paired_row_matches_scipy_and_reads_seeds_apart() -> None:
+    rng = np.random.default_rng(0)
+    b = (rng.random((3, 200)) < 0.3).astype(float)
+    a = np.maximum(b, (rng.random((3, 200)) < 0.15).astype(float))  # A solves what B does, and more
+    r = paired_row(a, b)
+    d = (a - b).mean(axis=0)
+    assert r["diff"] == pytest.approx(d.mean())
+    t = sps.ttest_1samp(d, 0.0)
+    lo, hi = t.confidence_interval(0.95)
+    assert (r["lo"], r["hi"]) == (pytest.approx(lo), pytest.approx(hi)) and r["p"] == pytest.approx(t.pvalue)
+    assert r["lo"] > 0 and r["tasks"] == 200 and r["seeds"] == 3
+    per_seed = (a - b).mean(axis=1)
+    assert r["per_seed"] == " ".join(f"{v:+.3f}" for v in per_seed)
+    assert r["p_seeds"] == pytest.approx(sps.ttest_1samp(per_seed, 0.0).pvalue)
+    same = paired_row(b, b)  # identical teams: no spread, no test
+    assert same["diff"] == 0 and math.isnan(same["p"])
+
+
+def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """Synthetic evals.csv rows: scheme → (seeds, tasks) success at every evaluation stage of the scheme."""
+    rows = []
+    for scheme, m in outcome.items():
+        stages = (0,) if scheme == "frozen" else cfg.eval_stages(scheme)[1:]
+        for stage in stages:
+            for s in range(cfg.seeds):
+                for t in range(cfg.eval_tasks):
+                    rows.append(dict(scheme=scheme, seed=s, stage=stage, episodes=stage * 16, tokens=stage * 100,
+                                     train_seconds=float(stage), task=t, difficulty=1, success=float(m[s, t]),
+                                     **{"return": float(m[s, t]) - 0.1}, eval_tokens=10))  # fmt: skip
+    return rows
+
+
+def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
+    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    rng = np.random.default_rng(1)
+    frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)  # greedy: the same for every seed
+    better = np.maximum(frozen, (rng.random((3, 200)) < 0.2).astype(float))
+    tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": better, "naive": frozen.copy()}), tmp_path)
+    vs = {(r["accounting"], r["measure"], r["scheme"]): r for r in tables["vs_frozen"]}
+    assert vs[("equal_stages", "success", "teamtr")]["lo"] > 0
+    assert vs[("equal_stages", "success", "teamtr")]["p_holm"] < 0.05
+    assert vs[("equal_stages", "success", "naive")]["diff"] == 0
+    assert acceptance(tables) == {"equal_stages": True, "equal_episodes": True}
+    pair = next(r for r in tables["pairwise"] if r["measure"] == "success" and r["accounting"] == "equal_episodes")
+    assert (pair["scheme"], pair["vs"]) == ("teamtr", "naive") and pair["lo"] > 0
+    final = {(r["accounting"], r["scheme"]): r for r in tables["final"]}
+    assert final[("equal_episodes", "naive")]["stage"] == 12 and final[("equal_stages", "naive")]["stage"] == 6
+    assert final[("equal_stages", "teamtr")]["success"] == pytest.approx(better.mean())
+    # no effect: the acceptance reads False
+    null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
+    assert acceptance(null) == {"equal_stages": False, "equal_episodes": False}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the smoke run (the tiny random model: its numbers mean nothing; every path of the full run is taken)
+
+
+@pytest.fixture(scope="module")
+def smoke_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("bench_finetune")
+    run_finetune_bench(SMOKE, out, say=lambda _line: None)
+    return out
+
+
+def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
+    for name in ("config.json", "evals.csv", "final.csv", "vs_frozen.csv", "pairwise.csv", "curves.csv",
+                 "training.csv", "learning_curves.png", "summary.md"):  # fmt: skip
+        assert (smoke_dir / name).exists(), name
+    rows = read_evals(smoke_dir / "evals.csv")
+    keys = {(r["scheme"], r["seed"], r["stage"]) for r in rows}
+    want = {("frozen", 0, 0)} | {("teamtr", 0, k) for k in (1, 2)} | {("naive", 0, k) for k in (1, 2, 3, 4)}
+    assert keys == want
+    assert len(rows) == len(want) * SMOKE.eval_tasks
+    by = {(r["scheme"], r["stage"]): r for r in rows if r["task"] == 0}
+    # the accountings: teamtr at stage 2 sampled as many episodes as naive at stage 4, twice naive's at stage 2
+    assert by[("teamtr", 2)]["episodes"] == by[("naive", 4)]["episodes"] == 2 * by[("naive", 2)]["episodes"] == 16
+    for scheme in SMOKE.schemes:
+        updates = _csv(smoke_dir / "runs" / f"{scheme}-seed0" / "updates.csv")
+        assert updates and all(math.isfinite(float(u["rollout/reward_mean"])) for u in updates)
+    summary = (smoke_dir / "summary.md").read_text()
+    for needle in ("Against the frozen team", "Between schemes", "equal sampled episodes", "teamtr − naive",
+                   "What the numbers show, and what they do not"):  # fmt: skip
+        assert needle in summary
+
+
+def test_resume_redoes_only_a_cut_short_evaluation(smoke_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_dir, copy)
+    lines = (copy / "evals.csv").read_text().splitlines(keepends=True)
+    (copy / "evals.csv").write_text("".join(lines[:-2]))  # the last evaluation (naive, stage 4) cut short
+    said: list[str] = []
+    run_finetune_bench(SMOKE, copy, say=said.append)
+    assert [s for s in said if "held-out success" in s] == [s for s in said if "naive seed 0 stage 4" in s]
+    assert len([s for s in said if "held-out success" in s]) == 1  # nothing else was played again
+    again = sorted(read_evals(copy / "evals.csv"), key=lambda r: (r["scheme"], r["stage"], r["task"]))
+    first = sorted(read_evals(smoke_dir / "evals.csv"), key=lambda r: (r["scheme"], r["stage"], r["task"]))
+    assert again == first  # the re-played evaluation repeats exactly
+
+
+def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_dir, copy)
+    lines = (copy / "evals.csv").read_text().splitlines(keepends=True)
+    lines[3] = "frozen,0,zero" + lines[3][lines[3].index(",", 9) :]
+    (copy / "evals.csv").write_text("".join(lines))
+    with pytest.raises(ValueError, match=r"evals\.csv:4: a damaged row"):
+        run_finetune_bench(SMOKE, copy, say=lambda _line: None)
+    with pytest.raises(FileExistsError, match="different benchmark config"):
+        run_finetune_bench(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
+    assert list(EVAL_FIELDS) == list(_csv(smoke_dir / "evals.csv")[0])
+
+
+def test_cli_bench_finetune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestra.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "finetune", "--help"])
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: orchestra bench finetune" in text and "--eval-split" in text and "--smoke" in text
+    out = tmp_path / "cli"
+    report = tmp_path / "docs" / "finetune.md"
+    rc = main(["bench", "finetune", "--smoke", "--schemes", "teamtr", "--eval-tasks", "3", "--out", str(out),
+               "--report", str(report), "--threads", "1", "--quiet"])  # fmt: skip
+    assert rc == 0
+    assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
+    assert {r["scheme"] for r in _csv(out / "evals.csv")} == {"frozen", "teamtr"}
+    assert "](finetune_curves.png)" in report.read_text() and (report.parent / "finetune_curves.png").exists()
+    assert main(["bench", "finetune", "--smoke", "--schemes", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert "schemes" in capsys.readouterr().err
