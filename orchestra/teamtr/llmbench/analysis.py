@@ -3,7 +3,7 @@
 The unit of every paired comparison is the held-out *task*: every evaluation played the same tasks with the same
 episode seeds. For scheme A against B (the frozen team, or another scheme) at one accounting, task t gives
 d_t = mean over seeds of (x_A,s,t − x_B,s,t); the table reports mean(d), its two-sided 95% t interval
-(:func:`orchestra.report.stats.paired_mean`, statsmodels) and the one-sample t-test p (scipy), Holm-adjusted across
+(statsmodels' ``DescrStatsW.tconfint_mean``) and the one-sample t-test p (scipy), Holm-adjusted across
 the table's comparisons at that accounting (statsmodels). That interval is over tasks with the trained teams held
 fixed: it says how sure we are of the effect of THESE trained adapters on the task distribution, not how a fresh
 training seed would do. The seed-level view sits beside it: the per-seed mean differences and the t-test over seeds
@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.report.stats import holm, paired_mean
 from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
 
 FROZEN = "frozen"
@@ -53,14 +52,29 @@ def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     and the seed-level view (module docstring)."""
     from scipy import stats as sps
 
+    from statsmodels.stats.weightstats import DescrStatsW
+
     d_task = (a - b).mean(axis=0)
-    mean, lo, hi = paired_mean(a.mean(axis=0), b.mean(axis=0))
+    mean = float(d_task.mean())
+    lo, hi = (float(v) for v in DescrStatsW(d_task).tconfint_mean()) if np.ptp(d_task) > 0 else (mean, mean)
     # no spread (e.g. two teams that played every task alike): no test, nan (Holm leaves it out)
     p = float(sps.ttest_1samp(d_task, 0.0).pvalue) if d_task.size > 1 and np.ptp(d_task) > 0 else math.nan
     d_seed = (a - b).mean(axis=1)
     p_seeds = float(sps.ttest_1samp(d_seed, 0.0).pvalue) if d_seed.size > 1 and np.ptp(d_seed) > 0 else math.nan
     return dict(diff=mean, lo=lo, hi=hi, p=p, tasks=int(d_task.size), seeds=int(d_seed.size),
                 per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds)  # fmt: skip
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values (statsmodels); nan entries stay nan and do not count as comparisons."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(pvalues, dtype=np.float64)
+    out = np.full(p.shape, math.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
+    return [float(v) for v in out]
 
 
 def _holm_in_place(table: list[dict[str, Any]], group: str) -> None:
