@@ -59,6 +59,29 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
             lambda r: r["workers"][1].__setitem__("requires", {"solve": "message"}),
             r"workers\[1\] \(calculator\)\.requires: 'solve' is not one of its instructions",
         ),
+        # checked at the door (issue 14): non-finite or negative weights, unknown tools and families, absurd budgets
+        (
+            lambda r: r.__setitem__("reward_weights", {"success": float("nan")}),
+            r"reward_weights\.success: expected a finite",
+        ),
+        (lambda r: r.__setitem__("reward_weights", {"turn_cost": -0.5}), r"reward_weights\.turn_cost: must be >= 0"),
+        (
+            lambda r: r["workers"][1].__setitem__("tool", "abacus"),
+            r"workers\[1\]\.tool: family 'arithmetic' has no tool 'abacus'",
+        ),
+        (lambda r: r.__setitem__("family", "astrology"), r"family: unknown task family 'astrology'"),
+        (
+            lambda r: r["workers"][0]["generation"].__setitem__("max_tokens", 100000000),
+            r"workers\[0\]\.generation\.max_tokens: must be between 1 and the model's context \(8192 tokens\)",
+        ),
+        (
+            lambda r: r["workers"][0]["generation"].__setitem__("temperature", float("inf")),
+            r"workers\[0\]\.generation\.temperature: expected a finite number",
+        ),
+        (
+            lambda r: r["workers"][0]["generation"].__setitem__("top_p", 1.5),
+            r"workers\[0\]\.generation\.top_p: must be in",
+        ),
     ],
 )
 def test_bad_team_file_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ expected an integer, got 'many'``). The built-in teams in ``orchestra/teams/`` a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,8 @@ class _Fields:
         if not isinstance(v, typ):
             names = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
             raise self.err(key, f"expected {names}, got {type(v).__name__} {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise self.err(key, f"expected a finite number, got {v!r}")
         return v
 
     def sub(self, key: str, default: Any = ...) -> _Fields:
@@ -141,7 +144,12 @@ def _requires(w: _Fields) -> tuple[tuple[str, Requirement], ...]:
     return tuple(out)
 
 
-def _generation(f: _Fields) -> GenerationParams:
+# the most new tokens a turn may ask for: the embedded SmolLM2's trained context (a backend that declares a smaller
+# ``n_ctx`` bounds its workers by that instead)
+MAX_CONTEXT_TOKENS = 8192
+
+
+def _generation(f: _Fields, context: int = MAX_CONTEXT_TOKENS) -> GenerationParams:
     d = GenerationParams()
     stop = f.get("stop", list, list(d.stop))
     if not all(isinstance(s, str) for s in stop):
@@ -154,11 +162,28 @@ def _generation(f: _Fields) -> GenerationParams:
         seed=f.get("seed", int, d.seed),
     )
     f.check_unknown()
-    if params.max_tokens < 1:
-        raise f.err("max_tokens", "must be >= 1")
+    if not 1 <= params.max_tokens <= context:
+        raise f.err(
+            "max_tokens", f"must be between 1 and the model's context ({context} tokens), got {params.max_tokens}"
+        )
     if params.temperature < 0:
         raise f.err("temperature", "must be >= 0")
+    if not 0 < params.top_p <= 1:
+        raise f.err("top_p", f"must be in (0, 1], got {params.top_p}")
     return params
+
+
+def _family_tools(top: _Fields, family: str) -> set[str] | None:
+    """The tool names of a registered family (None for a user's data file, whose tools depend on its records)."""
+    from envs.tasks.registry import FAMILIES, get_family
+
+    if family in FAMILIES:
+        return set(get_family(family).tools())
+    from orchestra.runtime.session import is_user_data
+
+    if is_user_data(family):
+        return None
+    raise top.err("family", f"unknown task family {family!r} (known: {', '.join(sorted(FAMILIES))}, or a data file)")
 
 
 def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -> TeamSpec:
@@ -177,6 +202,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
     name = top.get("name", str)
     description = top.get("description", str, "")
     family = top.get("family", str)
+    family_tools = _family_tools(top, family)
     backends_f = top.sub("backends", {})
     backends: dict[str, Mapping[str, Any]] = {}
     for bname in backends_f.data:
@@ -208,7 +234,12 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
                 raise w.err("backend", f"unknown backend {backend!r} (declared: {sorted(backends)})")
         elif tool is None:
             raise w.err("tool", "a tool worker needs the tool's name")
-        gen = _generation(w.sub("generation", {}))
+        elif family_tools is not None and tool not in family_tools:
+            raise w.err(
+                "tool", f"family {family!r} has no tool {tool!r} (its tools: {', '.join(sorted(family_tools))})"
+            )
+        n_ctx = backends.get(backend or "", {}).get("n_ctx", MAX_CONTEXT_TOKENS)
+        gen = _generation(w.sub("generation", {}), int(n_ctx) if isinstance(n_ctx, int) else MAX_CONTEXT_TOKENS)
         specs.append(
             WorkerSpec(
                 name=wname,
@@ -230,6 +261,8 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
         if k not in REWARD_COMPONENTS:
             raise rw_f.err(k, f"unknown reward component (known: {', '.join(REWARD_COMPONENTS)})")
         weights[k] = rw_f.get(k, float)
+        if weights[k] < 0:
+            raise rw_f.err(k, f"must be >= 0 (success is a reward, the rest are costs), got {weights[k]}")
     conductors_f = top.sub("conductors", {})
     conductors = {k: dict(conductors_f.sub(k).data) for k in conductors_f.data}
     try:

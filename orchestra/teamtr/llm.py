@@ -516,7 +516,7 @@ class LLMTeam:
         mask), with grad through its adapter."""
         self._select(agent)
         b_size, width = batch.batch_size, batch.width
-        turns = [t for t in batch.turns_of(agent) if t.token_ids]
+        turns = _by_length(batch.turns_of(agent))
         flat = torch.zeros(b_size * width, device=self.device) + self._anchor(agent)
         if not turns:
             return flat.view(b_size, width)
@@ -533,7 +533,7 @@ class LLMTeam:
             raise LLMTeamError("logits() needs has_logits=True (exact-vocabulary KL)")
         self._select(agent)
         b_size, width = batch.batch_size, batch.width
-        turns = [t for t in batch.turns_of(agent) if t.token_ids]
+        turns = _by_length(batch.turns_of(agent))
         chunks = [logits[valid] for logits, _, valid in self.turn_logits(agent, turns)]  # (M, V) each
         vocab = chunks[0].shape[-1] if chunks else self.vocab_size_of(agent)
         flat = torch.zeros(b_size * width, vocab, device=self.device) + self._anchor(agent)
@@ -615,6 +615,13 @@ def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
         if spec.workers[name].kind != "llm":
             raise LLMTeamError(f"worker {name!r} of team {spec.name!r} is a tool: only LLM workers can be fine-tuned")
     return spec, resolve_family(spec, cfg.family)
+
+
+def _by_length(turns: Sequence[Turn]) -> list[Turn]:
+    """An agent's turns with tokens, shortest prompt + sample first and equal prompts side by side: the training
+    forwards' chunks then pad little and keep a group's shared prompt in one chunk (the values are scattered back
+    to their positions, so the order changes no number beyond float rounding)."""
+    return sorted((t for t in turns if t.token_ids), key=lambda t: (len(t.prompt_ids) + len(t.token_ids), t.prompt_ids))
 
 
 def _check_turns(turns: Sequence[Turn], episodes: Sequence[Episode], workers: Sequence[str]) -> None:

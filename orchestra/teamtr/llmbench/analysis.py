@@ -51,7 +51,6 @@ def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     """A against B from their (seeds, tasks) outcomes: the task-level interval and test (seed-averaged differences)
     and the seed-level view (module docstring)."""
     from scipy import stats as sps
-
     from statsmodels.stats.weightstats import DescrStatsW
 
     d_task = (a - b).mean(axis=0)
