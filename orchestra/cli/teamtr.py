@@ -104,7 +104,8 @@ _NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the schemes that sampl
 
 FINETUNE_BENCH_DESCRIPTION = """\
 The first real-LLM comparison of phase 2: the trainable LLM workers of a team (default: the arithmetic team's
-solver and critic under the fixed pipeline solve -> check -> revise, SmolLM2 with one LoRA adapter each) trained
+solver and critic under the fixed pipeline solve -> calculator check -> critic check -> revise -> calculator check,
+on one-step word problems; SmolLM2 with one LoRA adapter each) trained
 by teamtr, naive, joint and HAPPO, and the frozen team, all played on the same held-out tasks with the same episode
 seeds. Read at equal stages and at equal sampled episodes; paired 95% CIs over tasks against the frozen team and
 between schemes (Holm-adjusted), the per-seed differences beside them.
