@@ -176,6 +176,29 @@ def test_resume_redoes_only_a_cut_short_evaluation(smoke_dir: Path, tmp_path: Pa
     assert again == first  # the re-played evaluation repeats exactly
 
 
+def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import orchestra.teamtr.llmbench.run as run_module
+
+    played: list[int] = []
+    real = run_module.evaluate
+
+    def counted(*args: Any) -> Any:
+        played.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(run_module, "evaluate", counted)
+    cfg = replace(SMOKE, schemes=("teamtr",), seeds=3, eval_tasks=3, trainer=replace(SMOKE.trainer, num_stages=1))
+    run_finetune_bench(cfg, tmp_path, say=lambda _line: None)
+    assert len(played) == 1 + 3  # the frozen team once, teamtr once per seed
+    rows = read_evals(tmp_path / "evals.csv")
+    frozen = {s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
+              for s in range(3)}  # fmt: skip
+    assert len(frozen[0]) == 3 and frozen[0] == frozen[1] == frozen[2]  # one copy per seed, no more
+    assert len(rows) == 3 * 3 + 3 * 3  # frozen and teamtr at stage 1, per seed and task
+
+
 def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: Path) -> None:
     import shutil
 

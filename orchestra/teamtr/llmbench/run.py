@@ -179,7 +179,12 @@ def run_finetune_bench(
         team = LLMTeam(cfg.team_config(seed), log=talk)
         initial = [team.state(i) for i in range(n)]
         if need_frozen:
-            source = [r for r in rows if r["scheme"] == FROZEN and r["stage"] == 0] if greedy else []
+            played_seeds = sorted({r["seed"] for r in rows if r["scheme"] == FROZEN})
+            source = (
+                [r for r in rows if r["scheme"] == FROZEN and r["seed"] == played_seeds[0]]
+                if greedy and played_seeds
+                else []
+            )
             played = [{k: r[k] for k in EVAL_FIELDS[6:]} for r in source] or evaluate(team, tasks, cfg)
             record(FROZEN, seed, 0, played, None)
         for scheme in cfg.schemes:
