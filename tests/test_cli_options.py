@@ -108,7 +108,7 @@ def test_a_config_check_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -
 def _roots() -> dict[tuple[str, ...], Any]:
     """Each command's root config, imported from the jobs (the source of truth the help must show)."""
     from orchestra.jobs.align import AlignChainConfig, AlignLLMConfig
-    from orchestra.jobs.bench import BenchJob
+    from orchestra.jobs.bench import BenchJob, FinetuneBenchJob
     from orchestra.jobs.conductor import DatasetBuildConfig, DistillJob, OPEConfig, TrainConfig
     from orchestra.jobs.conductor_ppo import ConductorPPOConfig
     from orchestra.jobs.demo import DemoConfig
@@ -124,6 +124,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("trajectories", "export"): ExportConfig,
         ("demo",): DemoConfig(),
         ("bench", "teamtr"): BenchJob(),
+        ("bench", "finetune"): FinetuneBenchJob(),
         ("dataset", "build"): DatasetBuildConfig,
         ("train",): TrainConfig,
         ("ope",): OPEConfig,
