@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -153,9 +154,11 @@ def run_finetune_bench(
     rows = read_evals(evals_path) if evals_path.exists() else []
     done = complete_evaluations(rows, cfg.eval_tasks)
     rows = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) in done]
-    if evals_path.exists():  # drop the rows of an evaluation cut short
-        evals_path.unlink()
-        _append(evals_path, rows)
+    if evals_path.exists():  # drop the rows of an evaluation cut short; the complete ones are never at risk
+        partial = evals_path.with_suffix(".csv.tmp")
+        partial.unlink(missing_ok=True)
+        _append(partial, rows)
+        os.replace(partial, evals_path)
     tasks = held_out_tasks(cfg)
     greedy = cfg.team.eval_temperature == 0
     n = cfg.n_agents
