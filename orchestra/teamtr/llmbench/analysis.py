@@ -21,9 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
-FROZEN = "frozen"
 ACCOUNTINGS = ("equal_stages", "equal_episodes")
 MEASURES = ("success", "return")
 

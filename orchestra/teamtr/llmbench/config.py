@@ -13,11 +13,12 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from orchestra.teamtr.bench.config import FULL_VOLUME  # schemes sampling n batches per stage, as teamtr
 from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
 from orchestra.teamtr.llm import LLMTeamConfig
 
-# schemes that sample one fresh batch per worker update (n per stage): equal episodes at equal stages
-FULL_VOLUME: frozenset[str] = frozenset({"teamtr", "stale_indep"})
+# the untrained team, evaluated at stage 0 and compared with every scheme
+FROZEN = "frozen"
 
 # The bench's team: the arithmetic team's solver and critic, both trainable, under a fixed pipeline in which both
 # speak in every episode: the solver solves, the calculator checks its arithmetic (a FAIL states the true value), the
@@ -137,4 +138,4 @@ class FinetuneBenchConfig:
         return out
 
 
-__all__ = ["FULL_VOLUME", "LLM_BENCH_TEAM", "LLM_BENCH_TRAINER", "FinetuneBenchConfig"]
+__all__ = ["FROZEN", "LLM_BENCH_TEAM", "LLM_BENCH_TRAINER", "FinetuneBenchConfig"]

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from orchestra.teamtr.bench.report import _cell, _pval
-from orchestra.teamtr.llmbench.analysis import ACCOUNTINGS, FROZEN, acceptance
-from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+from orchestra.teamtr.llmbench.analysis import ACCOUNTINGS, acceptance
+from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",

@@ -28,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestra.teamtr.config import derive_seed
-from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
 EVAL_FIELDS = (
     "scheme", "seed", "stage", "episodes", "tokens", "train_seconds", "task", "difficulty", "success", "return",
     "eval_tokens",
 )  # fmt: skip
-FROZEN = "frozen"
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,6 @@ class FinetuneBenchResult:
     summary: Path  # OUT/summary.md
     sections: dict[str, list[str]]  # the summary's named sections (lines)
     tables: dict[str, list[dict[str, Any]]]  # every table (also written as OUT/{name}.csv)
-
-    def section(self, *names: str) -> str:
-        from orchestra.teamtr.bench.report import join_sections
-
-        return join_sections(self.sections, names).strip()
 
 
 # ----------------------------------------------------------------------------------------------------------------
