@@ -19,6 +19,7 @@ from typing import Any
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import ConductorPolicy, PolicyError
+from trajectories.durable import atomic_path
 
 FORMAT = "orchestra-conductor/1"
 META_FILE = "conductor.json"
@@ -60,7 +61,8 @@ class ConductorMeta:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / META_FILE
         data = {**asdict(self), "layout_hash": self.layout_hash}
-        path.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+        with atomic_path(path, "checkpoint metadata") as tmp:
+            tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
         return path
 
     @classmethod

@@ -32,6 +32,7 @@ from envs.config import REWARD_COMPONENTS, TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.checkpoint import LayoutError, check_same_embedder, check_same_layout, team_layout
 from trajectories import Episode, read_trajectories
+from trajectories.durable import atomic_path
 
 Truncation = Literal["terminal", "bootstrap"]
 FeatureSet = Literal["structural", "all"]
@@ -61,10 +62,12 @@ class DatasetFilter:
     conductors: tuple[str, ...] = ()  # source conductor names (as recorded)
     success_only: bool = False  # keep only solved episodes (filtered BC)
     min_return: float | None = None  # keep episodes whose re-scalarised return is at least this
+    include_errors: bool = False  # keep episodes a backend fault ended (Episode.error); their last step is cut off
 
     def keep(self, e: Episode, ret: float) -> bool:
         return (
-            (not self.families or e.task.family in self.families)
+            (self.include_errors or e.error is None)
+            and (not self.families or e.task.family in self.families)
             and (not self.splits or e.task.split in self.splits)
             and (not self.conductors or e.conductor.name in self.conductors)
             and (not self.success_only or e.success)
@@ -302,18 +305,19 @@ class ConductorDataset:
             "episodes": [asdict(i) for i in self.episodes],
             "states": self.states,
         }
-        np.savez_compressed(
-            path,
-            observations=self.observations,
-            actions=self.actions,
-            rewards=self.rewards,
-            terminals=self.terminals,
-            timeouts=self.timeouts,
-            masks=self.masks,
-            episode_index=self.episode_index,
-            final_observations=self.final_observations,
-            header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
-        )
+        with atomic_path(path, "dataset") as tmp, tmp.open("wb") as f:  # a full disk leaves no half-written .npz
+            np.savez_compressed(
+                f,
+                observations=self.observations,
+                actions=self.actions,
+                rewards=self.rewards,
+                terminals=self.terminals,
+                timeouts=self.timeouts,
+                masks=self.masks,
+                episode_index=self.episode_index,
+                final_observations=self.final_observations,
+                header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8),
+            )
         return path
 
     @classmethod
@@ -321,27 +325,41 @@ class ConductorDataset:
         path = Path(path)
         if not path.exists():
             raise DatasetError(f"{path}: no such dataset file (build one with `orchestra dataset build`)")
+        with path.open("rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # not a zip archive: numpy would take it for a pickle and say so
+                raise DatasetError(f"{path}: not an orchestra dataset (not a .npz archive)")
         try:
-            z = np.load(path, allow_pickle=False)
-            header = json.loads(bytes(z["header"]).decode())
-            arrays = {k: z[k] for k in z.files if k != "header"}
-        except (OSError, ValueError, KeyError) as e:
-            raise DatasetError(f"{path}: not an orchestra dataset ({e})") from e
-        if header.get("format") != "orchestra-dataset/1":
-            raise DatasetError(f"{path}: format {header.get('format')!r}, expected 'orchestra-dataset/1'")
-        return cls(
-            **arrays,
-            episodes=[EpisodeInfo(**i) for i in header["episodes"]],
-            states=header["states"],
-            feature_names=header["feature_names"],
-            action_labels=header["action_labels"],
-            weights=header["weights"],
-            team=header["team"],
-            embedder=header["embedder"],
-            sources=header["sources"],
-            action_requires=header.get("action_requires", []),
-            give_up=bool(header.get("give_up", False)),
-        )
+            with np.load(path, allow_pickle=False) as z:
+                header = json.loads(bytes(z["header"]).decode())
+                arrays = {k: z[k] for k in z.files if k != "header"}
+        except Exception as e:  # noqa: BLE001 - whatever the zip / .npy parsers raise on a damaged file
+            raise DatasetError(f"{path}: not an orchestra dataset ({type(e).__name__}: {e})") from e
+        if not isinstance(header, dict) or header.get("format") != "orchestra-dataset/1":
+            got = header.get("format") if isinstance(header, dict) else type(header).__name__
+            raise DatasetError(f"{path}: format {got!r}, expected 'orchestra-dataset/1'")
+        try:
+            ds = cls(
+                **arrays,
+                episodes=[EpisodeInfo(**i) for i in header["episodes"]],
+                states=header["states"],
+                feature_names=header["feature_names"],
+                action_labels=header["action_labels"],
+                weights=header["weights"],
+                team=header["team"],
+                embedder=header["embedder"],
+                sources=header["sources"],
+                action_requires=header.get("action_requires", []),
+                give_up=bool(header.get("give_up", False)),
+            )
+            n, width = ds.observations.shape
+            rows = (ds.actions, ds.rewards, ds.terminals, ds.timeouts, ds.masks, ds.episode_index)
+            consistent = all(len(a) == n for a in rows) and ds.masks.shape[1:] == (len(ds.action_labels),)
+            consistent = consistent and width == len(ds.feature_names) and len(ds.states) == n
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise DatasetError(f"{path}: damaged dataset header or arrays ({type(e).__name__}: {e})") from e
+        if not consistent:
+            raise DatasetError(f"{path}: damaged dataset (its arrays, states and labels disagree in length)")
+        return ds
 
     def check_layout(self, config: TeamEnvConfig, encoder: ObservationEncoder, where: str = "dataset") -> None:
         check_same_layout((self.feature_names, self.action_labels), team_layout(config, encoder), where)
@@ -411,11 +429,13 @@ def build_dataset(
             )
         if e.episode_id in seen:
             continue  # the same episode in two files (e.g. a copied file): count it once
-        if not e.steps:
-            raise DatasetError(f"{where}: the episode has no steps")
         ret = float(sum(sum(w[k] * st.reward.named.get(k, 0.0) for k in w) for st in e.steps))
         if not flt.keep(e, ret):
             continue
+        if not e.steps:
+            if e.error is not None:
+                continue  # a fault at the first worker turn: no decision on record
+            raise DatasetError(f"{where}: the episode has no steps")
         seen.add(e.episode_id)
         final_state = e.metadata.get("final_state")
         if not isinstance(final_state, dict):

@@ -24,7 +24,6 @@ rule-based conductors are stateful within an episode (a pipeline counts its step
 from __future__ import annotations
 
 import json
-import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from policies.base import ConductorPolicy, PolicyError
+from trajectories.durable import atomic_path
 
 FeatureSet = Literal["structural", "all"]
 LabelFn = Callable[[np.ndarray, np.ndarray], int]  # (obs, mask) -> action id
@@ -47,6 +47,82 @@ class DistillConfig:
     heldout_frac: float = 0.25  # share of episodes (or rows, without episode ids) held out for fidelity
     seed: int = 0  # split and tree tie-breaking seed
     features: FeatureSet = "structural"  # "structural" drops the emb_* sentence-embedding features
+
+
+@dataclass(frozen=True)
+class TreeArrays:
+    """A fitted CART tree as plain arrays (nodes in scikit-learn's pre-order), saved without pickle.
+
+    ``left``/``right`` child index per node (-1 at a leaf), ``feature``/``threshold`` of the split (go left when
+    ``x[feature] <= threshold``), ``value`` (nodes, classes) the class weights at each node, ``classes`` the action
+    id of each class column. :meth:`check` refuses what a damaged or hostile file could hold (an index out of range,
+    a child that does not come after its parent, so a walk always ends), because unlike sklearn's own tree, nothing
+    here indexes without a bound check."""
+
+    left: np.ndarray
+    right: np.ndarray
+    feature: np.ndarray
+    threshold: np.ndarray
+    value: np.ndarray
+    classes_: np.ndarray
+
+    @classmethod
+    def of(cls, tree: Any) -> TreeArrays:
+        t = tree.tree_
+        return cls(
+            left=np.asarray(t.children_left, dtype=np.int64),
+            right=np.asarray(t.children_right, dtype=np.int64),
+            feature=np.asarray(t.feature, dtype=np.int64),
+            threshold=np.asarray(t.threshold, dtype=np.float64),
+            value=np.asarray(t.value[:, 0, :], dtype=np.float64),
+            classes_=np.asarray(tree.classes_, dtype=np.int64),
+        )
+
+    def check(self, n_features: int, where: str) -> TreeArrays:
+        n = len(self.left)
+        ok = n >= 1 and all(len(a) == n for a in (self.right, self.feature, self.threshold, self.value))
+        ok = ok and self.value.ndim == 2 and self.value.shape[1] == len(self.classes_) >= 1
+        if ok:
+            inner = self.left != -1
+            idx = np.arange(n)
+            ok = bool(
+                np.all((self.left == -1) == (self.right == -1))
+                and np.all(self.left[inner] > idx[inner])
+                and np.all(self.right[inner] > idx[inner])
+                and np.all(self.left[inner] < n)
+                and np.all(self.right[inner] < n)
+                and np.all((self.feature[inner] >= 0) & (self.feature[inner] < n_features))
+                and np.all(np.isfinite(self.threshold[inner]))
+                and np.all(np.isfinite(self.value))
+            )
+        if not ok:
+            raise PolicyError(f"{where}: not a valid decision tree (damaged file?)")
+        return self
+
+    def predict_proba(self, x: np.ndarray) -> np.ndarray:
+        node = np.zeros(len(x), dtype=np.int64)
+        rows = np.arange(len(x))
+        while True:
+            inner = self.left[node] != -1
+            if not inner.any():
+                break
+            go_left = x[rows, np.where(inner, self.feature[node], 0)] <= self.threshold[node]
+            node = np.where(inner, np.where(go_left, self.left[node], self.right[node]), node)
+        v = self.value[node]
+        return v / np.maximum(v.sum(axis=1, keepdims=True), 1e-300)
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return self.classes_[np.argmax(self.predict_proba(x), axis=1)]
+
+    def get_depth(self) -> int:
+        depth = np.zeros(len(self.left), dtype=np.int64)
+        for i in range(len(self.left)):  # pre-order: a parent comes before its children
+            if self.left[i] != -1:
+                depth[self.left[i]] = depth[self.right[i]] = depth[i] + 1
+        return int(depth.max())
+
+    def get_n_leaves(self) -> int:
+        return int(np.sum(self.left == -1))
 
 
 def select_features(feature_names: Sequence[str], features: FeatureSet) -> np.ndarray:
@@ -94,7 +170,7 @@ def masked_argmax(proba: np.ndarray, classes: np.ndarray, masks: np.ndarray) -> 
 class DistillResult:
     """A fitted tree, its readable rules and its agreement with the conductor."""
 
-    tree: Any  # sklearn.tree.DecisionTreeClassifier
+    tree: Any  # sklearn.tree.DecisionTreeClassifier when fitted, TreeArrays when loaded (both predict alike)
     rules: str
     feature_names: list[str]  # names of the features the tree sees (after selection)
     feature_index: np.ndarray  # their positions in the observation vector
@@ -115,14 +191,15 @@ class DistillResult:
         return masked_argmax(self.tree.predict_proba(x), self.tree.classes_, mask)
 
     def save(self, folder: str | Path) -> Path:
-        """Write ``rules.txt``, ``tree.pkl`` (pickle of the sklearn tree) and ``distill.json``."""
+        """Write ``rules.txt``, ``tree.npz`` (the tree's arrays: no pickle) and ``distill.json``."""
         import sklearn
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         (out / "rules.txt").write_text(self.rules, encoding="utf-8")
-        with (out / "tree.pkl").open("wb") as f:
-            pickle.dump(self.tree, f)
+        arrays = self.tree if isinstance(self.tree, TreeArrays) else TreeArrays.of(self.tree)
+        with atomic_path(out / "tree.npz", "decision tree") as tmp, tmp.open("wb") as f:
+            np.savez(f, **asdict(arrays))
         meta = {
             "fidelity_train": self.fidelity_train,
             "fidelity_heldout": None if np.isnan(self.fidelity_heldout) else self.fidelity_heldout,
@@ -143,11 +220,15 @@ class DistillResult:
 
     @classmethod
     def load(cls, folder: str | Path) -> DistillResult:
-        """Read back a folder written by ``save`` (pickle: load only folders you trust)."""
+        """Read back a folder written by ``save``; the tree is plain arrays, checked before use (no pickle)."""
         src = Path(folder)
-        meta = json.loads((src / "distill.json").read_text(encoding="utf-8"))
-        with (src / "tree.pkl").open("rb") as f:
-            tree = pickle.load(f)
+        try:
+            meta = json.loads((src / "distill.json").read_text(encoding="utf-8"))
+            with np.load(src / "tree.npz", allow_pickle=False) as z:
+                arrays = {k: np.asarray(z[k]) for k in TreeArrays.__dataclass_fields__}
+            tree = TreeArrays(**arrays).check(len(meta["feature_index"]), str(src / "tree.npz"))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise PolicyError(f"{src}: not a distilled tree ({type(e).__name__}: {e})") from e
 
         def num(x: float | None) -> float:
             return float("nan") if x is None else float(x)

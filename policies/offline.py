@@ -42,6 +42,7 @@ from envs.observation import ObservationEncoder
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
+from trajectories.durable import atomic_path
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
 Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone
@@ -189,7 +190,8 @@ class OfflineConductor:
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.algo.save(str(folder / MODEL_FILE))
+        with atomic_path(folder / MODEL_FILE, "conductor model") as tmp:  # a full disk keeps the old model whole
+            self.algo.save(str(tmp))
         self.meta.save(folder)
         return folder
 

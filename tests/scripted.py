@@ -96,5 +96,5 @@ def record_scripted(
     jobs = plan_jobs(tasks, seed, f"{conductor}-{split}-s{seed}")
     if path is None:
         return engine.run(jobs)
-    with TrajectoryWriter(path, resume=path.exists()) as writer:
-        return engine.run(jobs, writer=writer)
+    with TrajectoryWriter(path, resume=path.exists()) as writer:  # as `orchestra record --resume`: skip what is done
+        return engine.run([j for j in jobs if j.episode_id not in writer.done_ids], writer=writer)

@@ -215,7 +215,7 @@ def test_malformed_reply_names_the_field(scripted: Callable[..., Scripted], body
     backend = OpenAIHTTPBackend(srv.url, model="m", max_retries=0)
     with pytest.raises(BackendError, match=field.replace("[", r"\[").replace("]", r"\]")):
         backend.generate([chat("hi")])
-    assert len(srv.seen) == 1  # a malformed reply is not retried
+    assert len(srv.seen) == 1  # max_retries=0: one attempt (with retries a malformed reply is retried: test_faults)
 
 
 def test_api_key_sent_as_bearer_and_never_shown(

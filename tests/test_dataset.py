@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 from pathlib import Path
 
@@ -151,3 +152,26 @@ def test_bad_input_names_the_cause(tmp_path: Path, episodes) -> None:  # type: i
     bad.write_text(json.dumps(d) + "\n")
     with pytest.raises(LayoutError, match=r"bad.jsonl: episode .* step 0: action_mask has 43 entries"):
         build_dataset([bad], TEAM.env, ENC)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_a_failed_save_leaves_the_previous_dataset_whole(tmp_path: Path, episodes, code: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A disk that fills (or turns read-only) mid-save: one clear error naming the file, the old .npz unchanged, no
+    partial file left beside it."""
+    ds = build_dataset(None, TEAM.env, ENC, episodes=episodes)
+    path = ds.save(tmp_path / "d.npz")
+    before = path.read_bytes()
+
+    def half_then_fail(f, **arrays):  # type: ignore[no-untyped-def]
+        f.write(b"PK\x03\x04 half an archive")
+        raise OSError(code, "injected")
+
+    monkeypatch.setattr(np, "savez_compressed", half_then_fail)
+    with pytest.raises(OSError) as err:
+        ds.subset([0]).save(path)
+    assert err.value.errno == code and err.value.filename == str(path) and "previous one is unchanged" in str(err.value)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["d.npz"]
+    assert len(ConductorDataset.load(path)) == len(ds)
+    with pytest.raises(OSError, match="nothing was left behind"):
+        ds.save(tmp_path / "new.npz")
+    assert not (tmp_path / "new.npz").exists()

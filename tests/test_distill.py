@@ -18,6 +18,7 @@ from envs.tasks.registry import get_family
 from envs.team_env import CONDUCTOR, TeamEnv
 from orchestra.runtime.team_file import load_team
 from policies import ConductorPolicy, HeuristicConductor, HeuristicRules, PipelineConductor
+from policies.base import PolicyError
 from policies.distill import (
     DistillConfig,
     DistillResult,
@@ -116,13 +117,24 @@ def test_tree_reproduces_the_heuristic_conductor(heuristic_rows: Rows, tmp_path:
     assert "feature_" not in res.rules and "emb_" not in res.rules
 
     folder = res.save(tmp_path / "distilled")
-    assert {p.name for p in folder.iterdir()} == {"rules.txt", "tree.pkl", "distill.json"}
+    assert {p.name for p in folder.iterdir()} == {"rules.txt", "tree.npz", "distill.json"}
     meta = json.loads((folder / "distill.json").read_text())
     assert meta["fidelity_heldout"] == 1.0 and meta["config"]["features"] == "structural"
     assert meta["feature_names"] == res.feature_names and meta["action_labels"] == LABELS
     back = DistillResult.load(folder)
     np.testing.assert_array_equal(back.predict(d.obs, d.masks), d.actions)
     assert back.rules == res.rules
+    # the saved arrays are the fitted tree exactly: same probabilities on any input, same depth and leaves
+    x = np.random.default_rng(0).normal(size=(500, len(res.feature_index))) * 2
+    np.testing.assert_allclose(back.tree.predict_proba(x), res.tree.predict_proba(x), rtol=0, atol=1e-12)
+    assert back.tree.get_depth() == res.tree.get_depth() and back.tree.get_n_leaves() == res.tree.get_n_leaves()
+    # no pickle: a tampered tree (a child index pointing back up: an endless walk) is refused, not followed
+    with np.load(folder / "tree.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["left"][0] = 0
+    np.savez(folder / "tree.npz", **arrays)
+    with pytest.raises(PolicyError, match="not a valid decision tree"):
+        DistillResult.load(folder)
 
 
 def test_tree_reproduces_the_pipeline_when_replayed_per_episode() -> None:

@@ -339,7 +339,11 @@ class Action(_Record):
 @dataclass(frozen=True)
 class Message(_Record):
     """What the chosen worker said, with what phase 2 needs: sampled token ids and their
-    behaviour log-probs (equal lengths), the model id and prompt version that produced them."""
+    behaviour log-probs (equal lengths), the model id and prompt version that produced them.
+
+    ``token_ids`` is empty when the backend returned token *strings* only (an OpenAI-compatible server such as
+    llama.cpp's Python server): ``logprobs`` then holds the per-token log-probs in order, and such a message
+    cannot be trained on by phase 2 (which needs the ids; text is never re-tokenised to fake them)."""
 
     worker: str
     instruction: str | None
@@ -360,7 +364,7 @@ class Message(_Record):
         _str(self.text, "text")
         _set(self, "token_ids", _int_list(self.token_ids, "token_ids"))
         _set(self, "logprobs", _float_list(self.logprobs, "logprobs", finite=False))
-        if len(self.token_ids) != len(self.logprobs):
+        if self.token_ids and len(self.token_ids) != len(self.logprobs):
             raise SchemaError(
                 "logprobs", f"length {len(self.logprobs)} differs from len(token_ids) = {len(self.token_ids)}"
             )
@@ -444,12 +448,39 @@ class Step(_Record):
 
 
 @dataclass(frozen=True)
+class EpisodeError(_Record):
+    """Why an episode was cut short by a *fault* (not by the task): a backend that failed after its own
+    retries, or an exception inside a backend. ``cause`` is a short machine key (``http_503``, ``timeout``,
+    ``connection``, ``non_json``, ``malformed_reply``, ``backend_exception``, ...), ``message`` one line,
+    ``worker`` the worker whose turn failed, ``attempts`` how many times the whole episode was played."""
+
+    cause: str
+    message: str
+    worker: str | None = None
+    attempts: int = 1
+
+    def __post_init__(self) -> None:
+        _str(self.cause, "cause", nonempty=True)
+        _str(self.message, "message")
+        _opt_str(self.worker, "worker")
+        _set(self, "attempts", _int(self.attempts, "attempts", minimum=1))
+
+    @classmethod
+    def from_dict(cls, data: Any, path: str = "") -> EpisodeError:
+        return _build(cls, _kwargs(cls, data, path), path)
+
+
+@dataclass(frozen=True)
 class Episode(_Record):
     """One episode = one JSONL line. ``return_`` is ``"return"`` in JSON.
 
     Invariants: step ``t``s are 0..n-1 in order; only the last step may be terminated or
     truncated (they end the episode); ``score`` is the verifier's score in [0, 1];
     ``usage["tokens"]``, when present, maps worker -> int.
+
+    ``error`` is set when a fault (not the task) ended the episode: such an episode is never a success, is
+    counted apart from task failures by every summary, and is left out of datasets by default. It is
+    written only when set, so the JSON of an ordinary episode has no ``error`` key.
     """
 
     schema_version: int
@@ -468,6 +499,7 @@ class Episode(_Record):
     usage: dict[str, Any] = field(default_factory=dict)
     final_observation: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    error: EpisodeError | None = None
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version)
@@ -508,6 +540,21 @@ class Episode(_Record):
         if self.final_observation is not None:
             _set(self, "final_observation", _float_list(self.final_observation, "final_observation", decimals=6))
         _set(self, "metadata", _json_object(self.metadata, "metadata"))
+        if self.error is not None:
+            _instance(self.error, "error", EpisodeError)
+            if self.success:
+                raise SchemaError("success", "an episode ended by a fault (error is set) cannot be a success")
+
+    @property
+    def errored(self) -> bool:
+        """True when a fault, not the task, ended the episode (see `EpisodeError`)."""
+        return self.error is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        if d.get("error") is None:
+            d.pop("error", None)
+        return d
 
     @property
     def worker_turns(self) -> int:
@@ -538,6 +585,8 @@ class Episode(_Record):
         kwargs["steps"] = [
             Step.from_dict(s, f"{steps_path}[{i}]") for i, s in enumerate(_as_list(kwargs["steps"], steps_path))
         ]
+        if kwargs.get("error") is not None:
+            kwargs["error"] = EpisodeError.from_dict(kwargs["error"], _join(path, "error"))
         return _build(cls, kwargs, path)
 
 

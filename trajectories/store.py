@@ -274,7 +274,7 @@ class TrajectoryWriter:
                 self.problems[-1], message=f"{self.problems[-1].message}; moved to {self.sidecar}"
             )
         elif missing_newline:
-            self._append(b"\n")
+            self._commit(b"\n")
 
     def write(self, episode: Episode) -> None:
         """Append one episode as one line, then flush and fsync; refuse an id already recorded."""
@@ -288,24 +288,37 @@ class TrajectoryWriter:
                 raise ValueError(f"TrajectoryWriter for {self.path} is closed")
             if episode.episode_id in self.done_ids:
                 raise ValueError(f"episode_id {episode.episode_id!r} is already recorded in {self.path}")
-            self._append(line)
+            try:
+                self._commit(line)
+            except OSError as e:  # disk full (ENOSPC), read-only (EROFS), quota, I/O error: one clear error
+                raise OSError(
+                    e.errno,
+                    f"{e.strerror or e}: could not append episode {episode.episode_id}; the "
+                    f"{len(self.done_ids)} episodes before it are intact (rerun with --resume once it can be written)",
+                    str(self.path),
+                ) from e
             self.done_ids.add(episode.episode_id)
 
-    def _append(self, data: bytes) -> None:
+    def _commit(self, data: bytes) -> None:
+        """Append ``data`` durably, or roll a partial line back (disk full, Ctrl-C) so the file still ends at its
+        last good line and the next write does not land after garbage."""
         assert self._file is not None
         try:
-            view = memoryview(data)
-            while view:  # raw writes may be partial
-                written = self._file.write(view)
-                view = view[written or 0 :]
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            self._append(data)
         except BaseException:
-            # Roll back a partial line (disk full, Ctrl-C) so the next write does not land after garbage.
             with contextlib.suppress(OSError):
                 self._file.truncate(self._size)
             raise
         self._size += len(data)
+
+    def _append(self, data: bytes) -> None:
+        assert self._file is not None
+        view = memoryview(data)
+        while view:  # raw writes may be partial
+            written = self._file.write(view)
+            view = view[written or 0 :]
+        self._file.flush()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         """Close the file (releasing the lock); idempotent."""
@@ -374,8 +387,13 @@ def summarize(episodes: Iterable[Episode]) -> dict[str, Any]:
     Means are None when there are no episodes (not NaN, so the dict stays valid JSON). Tokens are
     `Episode.total_tokens`; turns are steps. The action histogram counts decoded actions
     (``"worker:instruction"``, ``"worker"`` or ``"submit"``), most frequent first.
+
+    Episodes ended by a fault (`Episode.error`) are not task outcomes: they are counted under ``errors``
+    (total and by cause) and left out of every other figure, so a flaky server never reads as a weak team.
     """
     episodes = list(episodes)
+    errored = [ep for ep in episodes if ep.error is not None]
+    episodes = [ep for ep in episodes if ep.error is None]
     by_family: dict[str, list[Episode]] = defaultdict(list)
     by_conductor: dict[str, list[Episode]] = defaultdict(list)
     actions: Counter[str] = Counter()
@@ -388,7 +406,14 @@ def summarize(episodes: Iterable[Episode]) -> dict[str, Any]:
         "by_family": {k: _stats(v) for k, v in sorted(by_family.items())},
         "by_conductor": {k: _stats(v) for k, v in sorted(by_conductor.items())},
         "action_histogram": dict(sorted(actions.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "errors": error_counts(errored),
     }
+
+
+def error_counts(episodes: Iterable[Episode]) -> dict[str, Any]:
+    """``{"count": n, "by_cause": {cause: n}}`` over the episodes a fault ended (others are ignored)."""
+    causes = Counter(ep.error.cause for ep in episodes if ep.error is not None)
+    return {"count": sum(causes.values()), "by_cause": dict(sorted(causes.items()))}
 
 
 def _stats(episodes: list[Episode]) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +36,20 @@ from envs.tasks.base import Split, Task, ToolFn, ToolResult, Verdict, split_of
 from envs.tasks.code_specs import N_TESTS, SPEC_BY_ID, SPECS, Args, Spec, function_name, reference_source
 from envs.tasks.common import Draw, content_id, latest_candidate, sample_distinct, stable_rng, tool_result
 from envs.tasks.sandbox import run_python
+from envs.tasks.verdicts import (
+    MAX_DEPTH,
+    MAX_VALUE_CHARS,
+    call_each,
+    channel_file,
+    describe_exception,
+    harness_source,
+    line_sender,
+    make_plain_encoder,
+    read_back,
+    read_channel,
+    same_value,
+    why_unfinished,
+)
 
 
 def _call(name: str, args: Sequence[Any]) -> str:
@@ -72,55 +85,13 @@ def extract_code(text: str, name: str) -> str:
     return text
 
 
-# The program's stdout is the candidate's; results go to the real stdout behind a random nonce, one JSON line each, so
-# the candidate cannot print a fake result and results printed before a timeout still count (:func:`read_results`).
-HARNESS_PRELUDE = """
-import io as _io, json as _json, sys as _sys
-_out = _sys.stdout
-_sys.stdout = _io.StringIO()
-def _emit(obj):
-    _out.write("\\n" + {nonce!r} + _json.dumps(obj) + "\\n")
-    _out.flush()
-_ns = {{"__name__": "__candidate__"}}
-"""
+# ----------------------------------------------------------------------------------------------------------------
+# hidden tests: only the arguments enter the candidate's process, which reports plain return values; this process
+# compares them with the expected values (the design: :mod:`envs.tasks.verdicts`)
 
-_HARNESS = (
-    HARNESS_PRELUDE
-    + """try:
-    exec(compile({code!r}, "<candidate>", "exec"), _ns)
-except BaseException as _e:
-    _emit({{"error": (type(_e).__name__ + ": " + str(_e))[:300]}})
-    raise SystemExit(0)
-_fn = _ns.get({name!r})
-if not callable(_fn):
-    _emit({{"error": "missing"}})
-    raise SystemExit(0)
-for _i, _t in enumerate(_json.loads({tests!r})):
-    try:
-        _r = _fn(*_t["args"])
-        _ok = bool(_r == _t["expected"]) and isinstance(_r, bool) == isinstance(_t["expected"], bool)
-        _emit({{"i": _i, "ok": _ok, "got": repr(_r)[:200]}})
-    except BaseException as _e:
-        _emit({{"i": _i, "ok": False, "error": (type(_e).__name__ + ": " + str(_e))[:200]}})
-"""
-)
-
-
-def read_results(stdout: str, nonce: str) -> tuple[dict[int, dict[str, Any]], str | None]:
-    """The harness's per-test results by index, and its load error (the code did not run), from its stdout."""
-    results: dict[int, dict[str, Any]] = {}
-    load_error = None
-    for line in stdout.splitlines():
-        if line.startswith(nonce):
-            try:
-                obj = json.loads(line[len(nonce) :])
-            except ValueError:
-                continue
-            if "i" in obj:
-                results[int(obj["i"])] = obj
-            else:
-                load_error = obj["error"]
-    return results, load_error
+# the candidate's program: the harness, then a call to it (the code and arguments as literals); stdout is the
+# candidate's own and is ignored, results go to the private file descriptor `fd`
+_HARNESS = "{source}\ncall_each({fd}, {code!r}, {name!r}, {calls!r}, {limit}, {depth})\n"
 
 
 @dataclass(frozen=True)
@@ -131,33 +102,51 @@ class TestReport:
 
 
 def run_tests(code: str, name: str, tests: Sequence[Mapping[str, Any]], **limits: Any) -> TestReport:
-    """Run ``tests`` (``{"args", "expected"}``) against ``code`` in one sandboxed process. Results are
-    printed per test behind a random nonce, so tests finished before a timeout still count."""
-    nonce = f"@@result-{secrets.token_hex(8)}@@"
-    program = _HARNESS.format(nonce=nonce, code=code, name=name, tests=json.dumps(list(map(dict, tests))))
-    res = run_python(program, **limits)
-    results, load_error = read_results(res.stdout, nonce)
+    """Run ``tests`` (``{"args", "expected"}``) against ``code`` in one sandboxed process. Only the arguments
+    enter that process; it writes each return value (plain data) to a private channel as soon as the call
+    returns, so tests finished before a timeout still count, and this process compares the values with the
+    expected ones (:func:`same_value`)."""
     total = len(tests)
+    calls = make_plain_encoder(MAX_VALUE_CHARS * 64, MAX_DEPTH + 2)([list(t["args"]) for t in tests])
+    f, fd = channel_file()
+    with f:
+        program = _HARNESS.format(
+            source=harness_source(describe_exception, line_sender, call_each),
+            fd=fd,
+            code=code,
+            name=name,
+            calls=calls,
+            limit=MAX_VALUE_CHARS,
+            depth=MAX_DEPTH,
+        )
+        res = run_python(program, pass_fds=(fd,), **limits)
+        reports, load_error = read_channel(read_back(f, total), total)
     if load_error == "missing":
         return TestReport(0, total, f"The code does not define a function named {name}.")
     if load_error is not None:
         return TestReport(0, total, f"The code fails to run: {load_error}")
-    passed = sum(1 for r in results.values() if r.get("ok"))
+    ok = [
+        i in reports and reports[i].error is None and not reports[i].repeated and same_value(reports[i].value, want)
+        for i, want in enumerate(t["expected"] for t in tests)
+    ]
+    passed = sum(ok)
     for i, t in enumerate(tests):
-        r = results.get(i)
+        if ok[i]:
+            continue
+        r = reports.get(i)
         call = _short(_call(name, t["args"]))
+        head = f"Test {i + 1} of {total}: {call}"
         if r is None:
-            why = res.killed_reason or (
-                "crashed: " + res.stderr.strip().splitlines()[-1] if res.stderr.strip() else "no result"
-            )
-            return TestReport(passed, total, f"Test {i + 1} of {total}: {call} did not finish ({why}).")
-        if not r.get("ok"):
-            if "error" in r:
-                return TestReport(passed, total, f"Test {i + 1} of {total}: {call} raised {r['error']}")
-            want = _short(repr(t["expected"]))
-            return TestReport(
-                passed, total, f"Test {i + 1} of {total}: {call} returned {_short(r['got'])}, expected {want}."
-            )
+            return TestReport(passed, total, f"{head} did not finish ({why_unfinished(res)}).")
+        if r.repeated:
+            return TestReport(passed, total, f"{head} reported more than one result.")
+        if r.not_plain:
+            return TestReport(passed, total, f"{head} returned a value that is not plain data ({r.error}).")
+        if r.error is not None:
+            return TestReport(passed, total, f"{head} raised {r.error}")
+        return TestReport(
+            passed, total, f"{head} returned {_short(repr(r.value))}, expected {_short(repr(t['expected']))}."
+        )
     return TestReport(passed, total, None)
 
 

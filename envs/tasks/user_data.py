@@ -32,10 +32,14 @@ downloaded: a ``datasets`` folder is read with ``load_from_disk``.
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
+import os
 import re
 import string
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -43,10 +47,24 @@ from typing import Any
 
 from envs.tasks.base import SPLITS, Split, Task, ToolFn, ToolResult, Verdict, split_of
 from envs.tasks.calculator import calculator
-from envs.tasks.code_synthesis import HARNESS_PRELUDE, extract_code, read_results
+from envs.tasks.code_synthesis import extract_code
 from envs.tasks.common import content_id, latest_candidate, stable_rng, tool_result
 from envs.tasks.extract import extract_marked, extract_number_with_rule, parse_number
 from envs.tasks.sandbox import run_python
+from envs.tasks.verdicts import (
+    MAX_DEPTH,
+    MAX_VALUE_CHARS,
+    channel_file,
+    describe_exception,
+    harness_source,
+    line_receiver,
+    line_sender,
+    read_back,
+    read_channel,
+    run_checks,
+    serve_calls,
+    why_unfinished,
+)
 
 FORMATS = ("qa", "gsm8k", "math", "mbpp", "humaneval")
 CODE_INSTRUCTION = "Reply with the complete function in a ```python block."
@@ -302,46 +320,86 @@ def _code_item(record: Mapping[str, Any], fmt: str, where: str) -> Item:
 
 # ----------------------------------------------------------------------------------------------------------------
 # checking
+#
+# An assert holds its expected value (``assert f(2) == 4``), so the asserts never run in the candidate's process:
+# a *test process* (sandboxed too, it runs only the setup and the tests) calls the candidate's functions through
+# proxies, and a *candidate process* (the setup, then the candidate's code) answers each call with the return
+# value as plain data, over two pipes. The test process alone reports verdicts, on a channel the candidate has no
+# descriptor of; values come back as exact builtin types, so no ``__eq__`` of the candidate's runs in a comparison.
 
 
-_HARNESS = (
-    HARNESS_PRELUDE
-    + """try:
-    exec(compile({setup!r}, "<setup>", "exec"), _ns)
-    exec(compile({code!r}, "<candidate>", "exec"), _ns)
-except BaseException as _e:
-    _emit({{"error": type(_e).__name__ + ": " + str(_e)[:200]}})
-    raise SystemExit(0)
-for _i, _t in enumerate({tests!r}):
-    try:
-        exec(compile(_t, "<test %d>" % (_i + 1), "exec"), _ns)
-        _emit({{"i": _i, "ok": True}})
-    except AssertionError:
-        _emit({{"i": _i, "ok": False, "error": "assertion failed"}})
-    except BaseException as _e:
-        _emit({{"i": _i, "ok": False, "error": type(_e).__name__ + ": " + str(_e)[:200]}})
-"""
-)
+def helper_names(setup: str, tests: Sequence[str]) -> list[str]:
+    """The names the tests may call on the candidate's side besides the entry point: every name the setup or the
+    tests read but never bind and that is no builtin (HumanEval's checks call helpers the prompt defines, like
+    ``encode_cyclic``). So a candidate defining ``sorted``, or a helper the setup defines, takes nothing over."""
+    read: set[str] = set()
+    bound: set[str] = set()
+    for src in (setup, *tests):
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                bound.add(node.name)
+            elif isinstance(node, ast.alias):
+                bound.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.arg):
+                bound.add(node.arg)
+            elif isinstance(node, ast.ExceptHandler | ast.MatchAs | ast.MatchStar) and node.name:
+                bound.add(node.name)
+            elif isinstance(node, ast.MatchMapping) and node.rest:
+                bound.add(node.rest)
+    return sorted(read - bound - set(dir(builtins)))
 
 
-def run_asserts(code: str, tests: Sequence[str], setup: str = "", **limits: Any) -> tuple[int, str | None]:
-    """(tests passed, the first failure as one line or None) of ``code`` against assert-style ``tests``, in one
-    sandboxed process; results behind a random nonce, so tests finished before a timeout still count."""
-    import secrets
+_CANDIDATE = "{source}\nserve_calls({rfd}, {wfd}, {setup!r}, {code!r}, {limit}, {depth})\n"
+_CHECKS = "{source}\nrun_checks({rfd}, {wfd}, {out}, {setup!r}, {tests!r}, {entry!r}, {helpers!r}, {limit}, {depth})\n"
 
-    nonce = f"@@result-{secrets.token_hex(8)}@@"
-    res = run_python(_HARNESS.format(nonce=nonce, setup=setup, code=code, tests=list(tests)), **limits)
-    results, load_error = read_results(res.stdout, nonce)
+
+def run_asserts(
+    code: str, tests: Sequence[str], setup: str = "", entry: str | None = None, **limits: Any
+) -> tuple[int, str | None]:
+    """(tests passed, the first failure as one line or None) of ``code`` against assert-style ``tests``: the
+    candidate's process and the test process run side by side in the sandbox (see the comment above); each
+    verdict is written as soon as its test ends, so tests finished before a timeout still count. ``entry``: the
+    function under test, the candidate's even where the setup defines that name too. Limitations:
+    arguments and return values must be plain data (a test passing a lambda, or a function returning an object
+    of its own class, fails), and a test does not see the candidate mutate an argument in place."""
+    total = len(tests)
+    source = harness_source(describe_exception, line_sender, line_receiver, serve_calls, run_checks)
+    req_r, req_w = os.pipe()  # test process -> candidate process
+    rep_r, rep_w = os.pipe()  # candidate process -> test process
+    f, out = channel_file()
+    common = {"setup": setup, "limit": MAX_VALUE_CHARS, "depth": MAX_DEPTH, "source": source}
+    helpers = helper_names(setup, tests)
+    checks = _CHECKS.format(rfd=rep_r, wfd=req_w, out=out, tests=list(tests), entry=entry, helpers=helpers, **common)
+    candidate = _CANDIDATE.format(rfd=req_r, wfd=rep_w, code=code, **common)
+    with f, ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            checker = pool.submit(run_python, checks, pass_fds=(rep_r, req_w, out), **limits)
+        except BaseException:  # no run took the descriptors: close them here
+            for fd in (req_r, req_w, rep_r, rep_w, out):
+                os.close(fd)
+            raise
+        cand = run_python(candidate, pass_fds=(req_r, rep_w), **limits)  # each run closes its fds once started
+        res = checker.result()
+        reports, load_error = read_channel(read_back(f, total), total)
     if load_error is not None:
         return 0, f"The code fails to run: {load_error}"
-    passed = sum(1 for r in results.values() if r.get("ok"))
+    ok = [i in reports and reports[i].value is True and not reports[i].repeated for i in range(total)]
+    passed = sum(ok)
     for i, t in enumerate(tests):
-        r = results.get(i)
+        if ok[i]:
+            continue
+        r = reports.get(i)
         shown = t.strip().splitlines()[-1][:100]
         if r is None:
-            return passed, f"Test {i + 1} of {len(tests)} did not finish ({res.killed_reason or 'no result'})."
-        if not r.get("ok"):
-            return passed, f"Test {i + 1} of {len(tests)} failed: {shown} ({r['error']})"
+            why = cand.killed_reason or res.killed_reason or why_unfinished(res if res.returncode else cand)
+            return passed, f"Test {i + 1} of {total} did not finish ({why})."
+        return passed, f"Test {i + 1} of {total} failed: {shown} ({r.error or 'reported more than once'})"
     return passed, None
 
 
@@ -355,7 +413,7 @@ def check_item(task: Task, text: str, **sandbox: Any) -> Verdict:
         code = extract_code(text, name)
         if not re.search(rf"\bdef\s+{re.escape(name)}\s*\(", code):
             return Verdict(0.0, f"no definition of {name} found", None)
-        passed, failure = run_asserts(code, meta["tests"], meta.get("setup", ""), **sandbox)
+        passed, failure = run_asserts(code, meta["tests"], meta.get("setup", ""), entry=name, **sandbox)
         total = len(meta["tests"])
         if failure is None:
             return Verdict(1.0, f"all {total} hidden tests passed", code)
@@ -402,11 +460,11 @@ def visible_test_runner(task: Task, transcript: Sequence[Mapping[str, Any]]) -> 
         return tool_result("n/a", f"No code to test yet. Write the function {name} in a ```python block.")
     code = extract_code(cand, name)
     if not visible:
-        passed, failure = run_asserts(code, [], meta.get("setup", ""))
+        passed, failure = run_asserts(code, [], meta.get("setup", ""), entry=name)
         if failure is not None:
             return tool_result("fail", failure)
         return tool_result("n/a", f"The code runs; this task has no visible tests to check {name} with.")
-    passed, failure = run_asserts(code, visible, meta.get("setup", ""))
+    passed, failure = run_asserts(code, visible, meta.get("setup", ""), entry=name)
     if failure is None:
         return tool_result("pass", f"All {len(visible)} visible tests passed.", f"```python\n{code.strip()}\n```")
     return tool_result("fail", failure)

@@ -79,7 +79,58 @@ class Backend(Protocol):
 
 
 class BackendError(RuntimeError):
-    """A backend could not serve a request (bad model path, server unreachable, bad reply)."""
+    """A backend could not serve a request (bad model path, server unreachable, bad reply).
+
+    ``cause`` is a short machine key of what went wrong (``http_503``, ``timeout``, ``connection``,
+    ``non_json``, ``malformed_reply``, ...; ``backend_error`` when nothing more specific is known): the
+    rollout engine records it on the episode the fault ended and counts runs' errors by it."""
+
+    def __init__(self, message: str, cause: str = "backend_error") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request a backend could not serve after its own retries: the machine key and one line of why."""
+
+    cause: str
+    message: str
+
+
+def failure_of(err: Exception) -> Failure:
+    """The :class:`Failure` of an exception raised by a backend: a `BackendError` keeps its ``cause``; any
+    other exception (a bug or a crash inside llama.cpp, transformers, a tool) is ``backend_exception``."""
+    lines = str(err).strip().splitlines()
+    text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    if isinstance(err, BackendError):
+        return Failure(err.cause, lines[0] if lines else type(err).__name__)
+    return Failure("backend_exception", text[:500])
+
+
+def generate_settled(backend: Backend, requests: Sequence[GenerationRequest]) -> list[Completion | Failure]:
+    """Each request's completion or its :class:`Failure`, whatever the backend raises (``Exception`` only:
+    Ctrl-C still stops the run). A backend with its own ``generate_settled`` (the HTTP backend, the cache)
+    settles per request; for any other a failed batch is retried one request at a time, so one bad request
+    does not fail its neighbours."""
+    own = getattr(backend, "generate_settled", None)
+    if callable(own):
+        try:
+            return list(own(requests))
+        except Exception as err:  # noqa: BLE001 - a backend fault must end an episode, not the run
+            return [failure_of(err)] * len(requests)
+    try:
+        return list(backend.generate(requests))
+    except Exception as err:  # noqa: BLE001
+        if len(requests) <= 1:
+            return [failure_of(err)]
+    out: list[Completion | Failure] = []
+    for r in requests:
+        try:
+            out.extend(backend.generate([r]))
+        except Exception as err:  # noqa: BLE001
+            out.append(failure_of(err))
+    return out
 
 
 def messages_from_dicts(items: Sequence[Mapping[str, str]]) -> tuple[ChatMessage, ...]:

@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestra.backends.base import Backend, Completion, GenerationRequest, Usage
+from orchestra.backends.base import Backend, Completion, Failure, GenerationRequest, Usage, generate_settled
 
 SCHEMA_VERSION = 1  # bump when the key recipe or the stored completion format changes
 
@@ -171,7 +171,16 @@ class CachedBackend:
         return f"CachedBackend({self.inner!r}, {self.cache!r})"
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
-        out: list[Completion | None] = [None] * len(requests)
+        out = self.generate_settled(requests, settle=False)
+        return [c for c in out if isinstance(c, Completion)]
+
+    def generate_settled(
+        self, requests: Sequence[GenerationRequest], settle: bool = True
+    ) -> list[Completion | Failure]:
+        """As :meth:`generate`, but a request the inner backend fails comes back as its :class:`Failure`
+        (and is not stored) while the others are answered and stored. ``settle=False`` lets the inner
+        backend's exception propagate (that is :meth:`generate`)."""
+        out: list[Completion | Failure | None] = [None] * len(requests)
         keys: list[str | None] = [None] * len(requests)
         todo: list[int] = []  # indices sent to the inner backend
         first_of_key: dict[str, int] = {}  # identical greedy requests in one call are generated once
@@ -196,11 +205,16 @@ class CachedBackend:
             first_of_key[key] = i
             todo.append(i)
         if todo:
-            fresh = self.inner.generate([requests[i] for i in todo])
+            batch = [requests[i] for i in todo]
+            fresh = generate_settled(self.inner, batch) if settle else list(self.inner.generate(batch))
             for i, completion in zip(todo, fresh, strict=True):
                 out[i] = completion
                 stored_key = keys[i]
-                if stored_key is not None and completion.finish_reason != "error":
+                if (
+                    stored_key is not None
+                    and isinstance(completion, Completion)
+                    and completion.finish_reason != "error"
+                ):
                     self.cache.put(stored_key, completion)
         for i, j in dup_of.items():
             out[i] = out[j]

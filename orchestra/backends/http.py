@@ -29,6 +29,7 @@ import httpx
 from orchestra.backends.base import (
     BackendError,
     Completion,
+    Failure,
     FinishReason,
     GenerationRequest,
     Usage,
@@ -42,10 +43,16 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "eos": "stop", "length": "le
 class OpenAIHTTPBackend:
     """Complete chats via an OpenAI-compatible server; requests are sent concurrently (servers batch).
 
-    Retries (bounded, exponential backoff ``backoff_s * 2**attempt``, capped at ``max_backoff_s``):
-    connection errors, timeouts, HTTP 408/409/429/5xx. Other 4xx and malformed replies fail at once
-    with :class:`BackendError`. Worst-case wall time of one request is about
-    ``(max_retries + 1) * timeout_s`` plus the backoff sleeps.
+    Retries (bounded, exponential backoff ``backoff_s * 2**attempt``, capped at ``max_backoff_s``, or the
+    server's ``Retry-After`` when longer, within the same cap): connection errors (refused, reset, a body cut
+    off mid-way), timeouts, HTTP 408/409/429/5xx, and 200 replies that are not JSON or break the
+    chat-completions schema (a proxy or an overloaded server can send both). Other 4xx fail at once. The
+    :class:`BackendError` raised after the last attempt carries the last attempt's ``cause``. Worst-case
+    wall time of one request is about ``(max_retries + 1) * timeout_s`` plus the backoff sleeps.
+
+    :meth:`generate_settled` returns each request's completion or its failure, so one bad request of a
+    batch does not discard the others' replies (the rollout engine uses it; :meth:`generate` raises the
+    first failure).
     """
 
     def __init__(
@@ -94,10 +101,24 @@ class OpenAIHTTPBackend:
 
     # ---------------------------------------------------------------------------------------- generate
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        out = self.generate_settled(requests)
+        for r in out:
+            if isinstance(r, Failure):
+                raise BackendError(r.message, cause=r.cause)
+        return [r for r in out if isinstance(r, Completion)]
+
+    def generate_settled(self, requests: Sequence[GenerationRequest]) -> list[Completion | Failure]:
+        """Each request's completion, or its :class:`Failure` after the retries (order = input order)."""
         if len(requests) <= 1:
-            return [self._complete(r) for r in requests]
+            return [self._settle(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(self.max_concurrency, len(requests))) as pool:
-            return list(pool.map(self._complete, requests))
+            return list(pool.map(self._settle, requests))
+
+    def _settle(self, request: GenerationRequest) -> Completion | Failure:
+        try:
+            return self._complete(request)
+        except BackendError as e:
+            return Failure(e.cause, str(e))
 
     def payload(self, request: GenerationRequest) -> dict[str, Any]:
         """The JSON body for one request (public so tests and users can see exactly what is sent)."""
@@ -123,8 +144,38 @@ class OpenAIHTTPBackend:
         return body
 
     def _complete(self, request: GenerationRequest) -> Completion:
-        body = self._post(self.payload(request))
-        return self.parse(body)
+        body = self.payload(request)
+        last, cause = "", "backend_error"
+        for attempt in range(self.max_retries + 1):
+            retry_after = 0.0
+            try:
+                resp = self._client.post(self.url, json=body, headers=self._headers())
+            except httpx.TimeoutException as e:
+                last, cause = f"{type(e).__name__}: {e}", "timeout"
+            except httpx.TransportError as e:  # refused, reset, DNS, a body cut off mid-way
+                last, cause = f"{type(e).__name__}: {e}", "connection"
+            else:
+                if resp.status_code == 200:
+                    try:
+                        return self.parse(resp.json())
+                    except ValueError as e:  # json.JSONDecodeError (and UnicodeDecodeError) are ValueErrors
+                        last, cause = f"reply is not JSON ({e}): {self._scrub(resp.text[:200])!r}", "non_json"
+                    except BackendError as e:
+                        last, cause = str(e), "malformed_reply"
+                else:
+                    last, cause = (
+                        f"HTTP {resp.status_code}: {self._scrub(resp.text[:200])!r}",
+                        f"http_{resp.status_code}",
+                    )
+                    if resp.status_code not in _RETRY_STATUS:
+                        raise BackendError(f"{self.url}: {last}", cause=cause)
+                    retry_after = _retry_after_s(resp.headers)
+            if attempt < self.max_retries:
+                delay = min(self.max_backoff_s, max(retry_after, self.backoff_s * 2**attempt))
+                time.sleep(delay)
+        if self.max_retries == 0:
+            raise BackendError(f"{self.url}: {last}", cause=cause)
+        raise BackendError(f"{self.url}: failed after {self.max_retries + 1} attempts; last error: {last}", cause=cause)
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env, "")
@@ -133,31 +184,6 @@ class OpenAIHTTPBackend:
     def _scrub(self, text: str) -> str:
         key = os.environ.get(self.api_key_env, "")
         return text.replace(key, "***") if key else text
-
-    def _post(self, body: dict[str, Any]) -> Any:
-        last = ""
-        for attempt in range(self.max_retries + 1):
-            retry_after = 0.0
-            try:
-                resp = self._client.post(self.url, json=body, headers=self._headers())
-            except (httpx.TransportError, httpx.TimeoutException) as e:  # connect refused, DNS, timeouts
-                last = f"{type(e).__name__}: {e}"
-            else:
-                if resp.status_code == 200:
-                    try:
-                        return resp.json()
-                    except ValueError as e:
-                        raise BackendError(
-                            f"{self.url}: reply is not JSON ({e}): {self._scrub(resp.text[:200])!r}"
-                        ) from None
-                last = f"HTTP {resp.status_code}: {self._scrub(resp.text[:200])!r}"
-                if resp.status_code not in _RETRY_STATUS:
-                    raise BackendError(f"{self.url}: {last}")
-                retry_after = _retry_after_s(resp.headers)
-            if attempt < self.max_retries:
-                delay = min(self.max_backoff_s, max(retry_after, self.backoff_s * 2**attempt))
-                time.sleep(delay)
-        raise BackendError(f"{self.url}: failed after {self.max_retries + 1} attempts; last error: {last}")
 
     # ------------------------------------------------------------------------------------------ parse
     def parse(self, body: Any) -> Completion:

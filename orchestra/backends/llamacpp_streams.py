@@ -307,7 +307,9 @@ class Streams:
         ``detok(ids) -> str`` renders a finished job's text (as the serial path always did)."""
         for job in jobs:
             if len(job.prompt) >= self.n_ctx:
-                raise BackendError(f"prompt of {len(job.prompt)} tokens does not fit n_ctx={self.n_ctx}")
+                raise BackendError(
+                    f"prompt of {len(job.prompt)} tokens does not fit n_ctx={self.n_ctx}", cause="context_overflow"
+                )
         waiting = list(jobs)[::-1]
         live: dict[int, Job] = {}
         rows: dict[int, np.ndarray] = {}

@@ -16,13 +16,23 @@ the commands that need no model stack do not import torch, transformers or d3rlp
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from orchestra.cli import conductor, data, demo, teamtr
 from orchestra.cli.options import Command, ConfigError
 
 EPILOG = "Every command takes --seed; runs repeat exactly on CPU. Docs: README.md."
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``error: orchestra record: argument --episodes: invalid int value: 'x' (see
+    orchestra record --help)``, exit 2), like every other error of the CLI; subcommand parsers inherit it."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def commands() -> dict[str, Command]:
@@ -32,7 +42,7 @@ def commands() -> dict[str, Command]:
 
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Command]]:
     """The root parser with every command (only ``only``'s options, if given) and the commands by name."""
-    ap = argparse.ArgumentParser(
+    ap = Parser(
         prog="orchestra",
         description="Learn how to run a team of LLM agents: record orchestration trajectories, compare conductors.",
         epilog=EPILOG,
@@ -76,14 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         BackendError,
         TrajectoryFileError,
         SchemaError,
-        FileExistsError,
-        FileNotFoundError,
+        ValueError,
     ) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if os.environ.get("ORCHESTRA_DEBUG"):
+            raise
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a missing file, a full disk (ENOSPC), a read-only folder (EROFS), a lock held elsewhere
+        if os.environ.get("ORCHESTRA_DEBUG"):
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or _one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; recorded episodes are safe (rerun with --resume to continue)", file=sys.stderr)
         return 130
 
 
-__all__ = ["EPILOG", "build_parser", "commands", "main"]
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split("\n")).strip()
+    return text or type(e).__name__
+
+
+__all__ = ["EPILOG", "Parser", "build_parser", "commands", "main"]

@@ -28,6 +28,7 @@ def _dataset(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("filters.conductors", "--source", action="append", help="keep only this recorded conductor (repeat)"),
             Opt("filters.success_only", "--success-only"),
             Opt("filters.min_return", "--min-return"),
+            Opt("filters.include_errors", "--include-errors"),
             Opt("weights", "--weight", action="append", metavar="COMPONENT=NUMBER"),
             "seed",
         ],

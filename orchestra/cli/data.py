@@ -18,6 +18,7 @@ def run_options(prefix: str = "run") -> list[str | Opt]:
         Opt(f"{prefix}.cache_path", "--cache"),
         Opt(f"{prefix}.progress", "--quiet", help="no progress bar"),
         Opt(f"{prefix}.serial", "--serial"),
+        Opt(f"{prefix}.episode_retries", "--episode-retries"),
     ]
 
 
@@ -89,6 +90,12 @@ def _cmd_record(a: argparse.Namespace) -> int:
         f"turns {m.get('rollout/mean_turns', 0):.2f}  tokens {m.get('rollout/mean_tokens', 0):.1f}  "
         f"({m.get('perf/episodes_per_s', 0):.2f} ep/s, {m.get('perf/tokens_per_s', 0):.0f} tok/s generated)"
     )
+    if m.get("faults/turn_faults"):
+        causes = ", ".join(f"{k.rsplit('/', 1)[1]} {int(v)}" for k, v in m.items() if k.startswith("faults/errors/"))
+        print(
+            f"faults: {int(m['faults/errored_episodes'])} episodes ended by a backend fault ({causes or 'none'}), "
+            f"{int(m['faults/turn_faults'])} failed worker turns, {int(m['faults/episode_retries'])} episodes replayed"
+        )
     return 0
 
 

@@ -153,7 +153,7 @@ class DistillJob:
 
     dataset: str  # states to label (.npz)
     team: str  # the team (built-in name or YAML)
-    out: str  # folder for rules.txt, tree.pkl, distill.json
+    out: str  # folder for rules.txt, tree.npz, distill.json
     checkpoint: str | None = None  # learned conductor folder (or give conductor)
     conductor: str | None = None  # rule-based conductor name (or give checkpoint)
     distill: DistillConfig = field(default_factory=DistillConfig)  # tree depth, features, held-out share, seed

@@ -187,9 +187,11 @@ def drop_stale_evaluation(episodes: Path, model: Path) -> None:
 def play(
     cfg: Phase1Config, team: str, specs: Sequence[str], split: str, n: int, path: Path, session: Session
 ) -> list[Episode]:
-    """Run conductors (NAME or LABEL:CHECKPOINT) on the same ``n`` tasks of ``split``; resumes ``path``."""
+    """Run conductors (NAME or LABEL:CHECKPOINT) on the same ``n`` tasks of ``split``; resumes ``path``. Episodes a
+    backend fault ended stay in the file (``orchestra trajectories stats`` counts them) but are not outcomes: they
+    are not returned."""
     res = record(RecordConfig(team, ",".join(specs), n, split, run=cfg.run), path, resume=True, session=session)  # type: ignore[arg-type]
-    return read_many([res.trajectories]).episodes
+    return [e for e in read_many([res.trajectories]).episodes if e.error is None]
 
 
 def ledger_entry(path: Path, entry: dict[str, object]) -> bool:

@@ -14,7 +14,7 @@ from typing import Any
 from envs.tasks.base import SPLITS, Split
 from orchestra.jobs.rundir import append_metrics, write_run_config
 from orchestra.runtime.conductors import conductor_factory, split_spec
-from orchestra.runtime.rollout import RolloutEngine, RolloutStats, episode_metrics, plan_jobs
+from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
 from policies.base import ConductorPolicy
 from policies.exploration import EpsilonGreedyConductor, exploring_name
@@ -78,6 +78,7 @@ def _episode_row(e: Episode) -> dict[str, Any]:
         "tokens": e.total_tokens,
         "truncated": int(e.truncated),
         "wall_time_s": e.usage.get("wall_time_s", 0.0),
+        "error": e.error.cause if e.error is not None else "",
     }
 
 
@@ -85,26 +86,35 @@ def _exploring(base: Callable[[], ConductorPolicy], epsilon: float, seed: int) -
     return EpsilonGreedyConductor(base(), epsilon, seed)
 
 
+def planned_jobs(cfg: RecordConfig, session: Session) -> dict[str, list[EpisodeJob]]:
+    """The episodes a recording plans, per conductor spec: the same on every run (``--resume`` relies on it)."""
+    if cfg.split not in SPLITS:
+        raise ValueError(f"--split: expected one of {', '.join(SPLITS)}, got {cfg.split!r}")
+    seed, team = cfg.run.seed, session.team
+    tasks = session.family.generate(cfg.split, cfg.episodes, seed, cfg.difficulty)
+    out = {}
+    for spec in cfg.conductor_specs():
+        name = exploring_name(split_spec(spec)[0], cfg.epsilon)
+        out[spec] = plan_jobs(tasks, seed, f"{team.name}-{name}-{cfg.split}-s{seed}")
+    return out
+
+
 def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Session | None = None) -> RecordResult:
     """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly."""
     traj_path, run_dir = run_paths(out)
     session = session or Session.of(cfg.team, cfg.family, cfg.run)
     team, family = session.team, session.family
-    if cfg.split not in SPLITS:
-        raise ValueError(f"--split: expected one of {', '.join(SPLITS)}, got {cfg.split!r}")
     seed = cfg.run.seed
-    tasks = family.generate(cfg.split, cfg.episodes, seed, cfg.difficulty)
-    specs = cfg.conductor_specs()
+    plans = planned_jobs(cfg, session)
     episodes: list[Episode] = []
     skipped = 0
     stats = RolloutStats()
     with TrajectoryWriter(traj_path, resume=resume) as writer:
         write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
-        for spec in specs:
+        for spec, jobs in plans.items():
             label, checkpoint = split_spec(spec)
             name = exploring_name(label, cfg.epsilon)
             run_id = _run_id(team.name, name, family.name, cfg.split, seed, cfg.difficulty)
-            jobs = plan_jobs(tasks, seed, f"{team.name}-{name}-{cfg.split}-s{seed}")
             todo = [j for j in jobs if j.episode_id not in writer.done_ids]
             skipped += len(jobs) - len(todo)
             base = conductor_factory(spec, team, seed, session.backends())
@@ -121,6 +131,7 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
                 run_id=run_id,
                 num_envs=cfg.run.num_envs,
                 progress=cfg.run.progress,
+                episode_retries=cfg.run.episode_retries,
             )
             episodes += engine.run(todo, writer=writer, on_episode=lambda e: append_metrics(run_dir, [_episode_row(e)]))
             stats.merge(engine.stats)
@@ -129,4 +140,4 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
     return RecordResult(traj_path, run_dir, episodes, skipped, metrics)
 
 
-__all__ = ["RecordConfig", "RecordResult", "record", "run_paths"]
+__all__ = ["RecordConfig", "RecordResult", "planned_jobs", "record", "run_paths"]

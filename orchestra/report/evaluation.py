@@ -106,7 +106,8 @@ class ResultRow:
     """One (family, team, conductor): means over its episodes with 95% intervals.
 
     ``ci_low``/``ci_high`` bound the success rate (Wilson score interval); return, turns and tokens
-    have percentile-bootstrap intervals over episodes."""
+    have percentile-bootstrap intervals over episodes. Episodes a fault ended (`Episode.error`) are not
+    in ``episodes`` or any mean: they are counted in ``errored``."""
 
     family: str
     team: str
@@ -127,18 +128,23 @@ class ResultRow:
     turns_ci_high: float
     tokens_ci_low: float
     tokens_ci_high: float
+    errored: int = 0
 
 
 def _group(episodes: Iterable[Episode]) -> dict[tuple[str, str, str], list[Episode]]:
+    """Task outcomes by (family, team, conductor); episodes a fault ended are left out."""
     groups: dict[tuple[str, str, str], list[Episode]] = defaultdict(list)
     for e in episodes:
-        groups[(e.task.family, e.team.name, e.conductor.name)].append(e)
+        if e.error is None:
+            groups[(e.task.family, e.team.name, e.conductor.name)].append(e)
     return dict(sorted(groups.items()))
 
 
 def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed: int = 0) -> list[ResultRow]:
     """One row per (family, team, conductor), sorted: success with its Wilson interval, the other
-    means with bootstrap intervals."""
+    means with bootstrap intervals. Episodes a fault ended are counted in ``errored``, nowhere else."""
+    episodes = list(episodes)
+    errored = Counter((e.task.family, e.team.name, e.conductor.name) for e in episodes if e.error is not None)
     rows = []
     for (family, team, conductor), eps in _group(episodes).items():
         success = np.array([e.success for e in eps], dtype=np.float64)
@@ -171,6 +177,7 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
                 turns_ci_high=t_hi,
                 tokens_ci_low=k_lo,
                 tokens_ci_high=k_hi,
+                errored=errored[(family, team, conductor)],
             )
         )
     return rows
@@ -325,10 +332,12 @@ def paired_row(
         raise ValueError("paired_row: both conductors need episodes")
     mine: dict[tuple[str, str, int], Episode] = {}
     for e in episodes:
-        mine.setdefault(_pair_key(e), e)
+        if e.error is None:  # a fault is not an outcome: its pair is dropped
+            mine.setdefault(_pair_key(e), e)
     base: dict[tuple[str, str, int], Episode] = {}
     for e in baseline_episodes:
-        base.setdefault(_pair_key(e), e)
+        if e.error is None:
+            base.setdefault(_pair_key(e), e)
     keys = sorted(mine.keys() & base.keys())
 
     def cols(eps: list[Episode]) -> np.ndarray:  # (n_pairs, 4): success, return, turns, tokens

@@ -24,6 +24,13 @@ def format_episode(ep: Episode) -> str:
     lines = [
         f"episode {ep.episode_id}  conductor={ep.conductor.name}  task={ep.task.id} ({ep.task.family}, {ep.task.split})",
         f"success={ep.success} score={ep.score} return={ep.return_:.3f} terminated={ep.terminated} truncated={ep.truncated}",
+        *(
+            [
+                f"ENDED BY A FAULT ({ep.error.cause}, {ep.error.worker}'s turn, attempt {ep.error.attempts}): {ep.error.message}"
+            ]
+            if ep.error is not None
+            else []
+        ),
         "",
         ep.steps[0].state["task"]["prompt"] if ep.steps else "",
         "",

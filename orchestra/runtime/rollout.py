@@ -6,6 +6,12 @@ per backend, so a batching backend (transformers, an HTTP server) sees a batch a
 
 Each finished episode becomes a trajectory record (docs/architecture.md §4) and is handed to the writer at once
 (flush + fsync per episode), so a killed run loses at most the episodes in flight.
+
+Faults end an episode, not a run: a worker turn its backend cannot serve (an HTTP error after the backend's own
+retries, a malformed reply, an exception inside llama.cpp, transformers or a tool) ends that episode as *errored*
+(``Episode.error``: cause, message, worker, attempts), written like any other and counted in
+``RolloutStats.errors`` by cause; the other envs go on. With ``episode_retries = k`` a faulted episode is first
+replayed from its start up to k times (same task, same seeds), and only the last fault is recorded.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from tqdm import tqdm
 
 from envs.tasks.base import Task, TaskFamily
 from envs.team_env import CONDUCTOR, TeamEnv
-from orchestra.backends.base import Completion
+from orchestra.backends.base import Completion, Failure, generate_settled
 from orchestra.runtime.team_file import TeamSpec
 from orchestra.runtime.workers import Worker
 from policies.base import ConductorPolicy
@@ -31,6 +37,7 @@ from trajectories import (
     Action,
     ConductorRef,
     Episode,
+    EpisodeError,
     Message,
     Reward,
     Step,
@@ -73,6 +80,7 @@ class _Slot:
     pending: dict[str, Any] | None = None  # the conductor decision awaiting its worker's message
     tokens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     t0: float = field(default_factory=time.perf_counter)
+    attempt: int = 1  # how many times this episode has been started (episode-level retries)
 
 
 @dataclass
@@ -83,11 +91,18 @@ class RolloutStats:
     llm_calls: int = 0
     cache_hits: int = 0
     wall_s: float = 0.0
+    errors: dict[str, int] = field(default_factory=dict)  # errored episodes by the cause of their last fault
+    turn_faults: int = 0  # worker turns a backend failed (each retried episode counts every fault it met)
+    episode_retries: int = 0  # episodes replayed from their start after a fault
 
     def merge(self, other: RolloutStats) -> None:
         """Add another engine's counts (several conductors in one recording)."""
         for k in ("episodes", "tokens", "generated_tokens", "llm_calls", "cache_hits", "wall_s"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
+        for k in ("turn_faults", "episode_retries"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for cause, n in other.errors.items():
+            self.errors[cause] = self.errors.get(cause, 0) + n
 
     def as_metrics(self) -> dict[str, float]:
         w = max(self.wall_s, 1e-9)
@@ -100,6 +115,10 @@ class RolloutStats:
             "perf/wall_s": round(self.wall_s, 3),
             "perf/episodes_per_s": round(self.episodes / w, 4),
             "perf/tokens_per_s": round(self.generated_tokens / w, 2),
+            "faults/errored_episodes": sum(self.errors.values()),
+            "faults/turn_faults": self.turn_faults,
+            "faults/episode_retries": self.episode_retries,
+            **{f"faults/errors/{cause}": n for cause, n in sorted(self.errors.items())},
         }
 
 
@@ -116,11 +135,15 @@ class RolloutEngine:
         run_id: str = "run",
         num_envs: int = 8,
         progress: bool = True,
+        episode_retries: int = 0,
     ) -> None:
+        if episode_retries < 0:
+            raise ValueError(f"episode_retries: expected an int >= 0, got {episode_retries}")
         self.team, self.family, self.workers = team, family, workers
         self.conductor_factory = conductor_factory
         self.conductor_name, self.conductor_checkpoint = conductor_name, conductor_checkpoint
         self.run_id, self.num_envs, self.progress = run_id, max(1, num_envs), progress
+        self.episode_retries = episode_retries
         self._envs: list[TeamEnv] = []
         self.stats = RolloutStats()
 
@@ -168,9 +191,22 @@ class RolloutEngine:
                         )
                         for _, s, w in members
                     ]
-                    completions = members[0][2].backend.generate(requests)
+                    completions = generate_settled(members[0][2].backend, requests)
+                    if len(completions) != len(requests):
+                        raise RuntimeError(
+                            f"backend {members[0][2].backend!r} returned {len(completions)} completions for "
+                            f"{len(requests)} requests (the backend contract is one per request, in order)"
+                        )
                     for (i, s, w), c in zip(members, completions, strict=True):
-                        ep = self._worker_turn(s, w, c)
+                        if isinstance(c, Failure):
+                            self.stats.turn_faults += 1
+                            if s.attempt <= self.episode_retries:
+                                self.stats.episode_retries += 1
+                                slots[i] = self._start(i, s.job, attempt=s.attempt + 1)
+                                continue
+                            ep = self._errored(s, w, c)
+                        else:
+                            ep = self._worker_turn(s, w, c)
                         if ep is not None:
                             slots[i] = None
                             self._finish(ep, writer, on_episode, done, bar, t_start)
@@ -180,12 +216,20 @@ class RolloutEngine:
         return done
 
     # -- internals --------------------------------------------------------------------------------
-    def _start(self, i: int, job: EpisodeJob) -> _Slot:
+    def _start(self, i: int, job: EpisodeJob, attempt: int = 1) -> _Slot:
         env = self._env(i)
         env.reset(seed=job.seed, options={"task": job.task})
         conductor = self.conductor_factory()
         conductor.reset(job.seed)
-        return _Slot(job=job, env=env, conductor=conductor)
+        return _Slot(job=job, env=env, conductor=conductor, attempt=attempt)
+
+    def _errored(self, s: _Slot, w: Worker, f: Failure) -> Episode:
+        """The episode a fault ended: the steps before the failed turn, never a success, the cause on record.
+        The failed turn's conductor decision is dropped (no message came back for it)."""
+        s.pending = None
+        self.stats.errors[f.cause] = self.stats.errors.get(f.cause, 0) + 1
+        err = EpisodeError(cause=f.cause, message=f.message[:500], worker=w.name, attempts=s.attempt)
+        return self._episode(s, error=err)
 
     def _advance_conductor(self, s: _Slot) -> Episode | None:
         env = s.env
@@ -272,10 +316,10 @@ class RolloutEngine:
         )
         s.pending = None
 
-    def _episode(self, s: _Slot) -> Episode:
+    def _episode(self, s: _Slot, error: EpisodeError | None = None) -> Episode:
         env = s.env
         task = s.job.task
-        verdict = env.final_verdict
+        verdict = env.final_verdict if error is None else None
         cfg = env.config
         final_state = env.state_dict()
         return Episode(
@@ -295,14 +339,21 @@ class RolloutEngine:
             return_=float(sum(st.reward.scalar for st in s.steps)),
             success=bool(verdict is not None and verdict.correct),
             score=float(verdict.score) if verdict is not None else 0.0,
-            terminated=any(env.terminations.values()),
-            truncated=any(env.truncations.values()) and not any(env.terminations.values()),
+            terminated=error is None and any(env.terminations.values()),
+            truncated=error is None and any(env.truncations.values()) and not any(env.terminations.values()),
             usage={"tokens": dict(s.tokens), "wall_time_s": round(time.perf_counter() - s.t0, 4)},
             final_observation=[float(x) for x in env.encoder.encode(final_state)],
             metadata={
                 "final_state": final_state,
-                "verdict_reason": verdict.reason if verdict is not None else "not submitted (turn budget spent)",
+                "verdict_reason": (
+                    f"ended by a fault: {error.cause}"
+                    if error is not None
+                    else verdict.reason
+                    if verdict is not None
+                    else "not submitted (turn budget spent)"
+                ),
             },
+            error=error,
         )
 
     def _finish(
@@ -327,7 +378,7 @@ class RolloutEngine:
 
 def episode_metrics(episodes: Iterable[Episode]) -> dict[str, float]:
     """Flat namespaced metrics of a set of episodes, incl. ``agent/{name}/parse_fail_rate``."""
-    eps = list(episodes)
+    eps = [e for e in episodes if e.error is None]  # a fault is not an outcome (counted in RolloutStats.errors)
     out: dict[str, float] = {}
     if not eps:
         return out

@@ -25,6 +25,10 @@ class RunOptions:
     # llama.cpp workers decode one request at a time from an empty KV cache (batch_size 1, no prefix cache), the
     # path the published tables were recorded with; default: the team files' batched settings
     serial: bool = False
+    # a worker turn its backend cannot serve (after the backend's own retries) ends its episode as errored (recorded,
+    # counted by cause, left out of results and datasets); replay such an episode from its start up to this many
+    # times first
+    episode_retries: int = 0
 
 
 def is_user_data(name: str) -> bool:

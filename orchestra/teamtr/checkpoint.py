@@ -333,9 +333,19 @@ def _load_pt(path: Path) -> Any:
 def load_checkpoint(path: Path) -> Checkpoint:
     """Read ``stage-XXXX/`` back, verifying every file against its manifest first (no process state is touched).
 
-    Raises :class:`CheckpointError` naming the first missing or damaged file.
+    Raises :class:`CheckpointError` naming the first missing or damaged file, or the checkpoint when a file that
+    passed its checksum still does not hold what a checkpoint holds (a hand-edited manifest, a foreign folder).
     """
+    try:
+        return _load_checkpoint(path)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        raise CheckpointError(f"damaged checkpoint {path}: {type(e).__name__}: {e}") from e
+
+
+def _load_checkpoint(path: Path) -> Checkpoint:
     manifest = read_json(path / "manifest.json")
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"damaged checkpoint file {path / 'manifest.json'}: not a JSON object")
     for rel, digest in manifest.items():
         file = path / rel
         if not file.is_file():
