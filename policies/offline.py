@@ -46,7 +46,10 @@ from trajectories.durable import atomic_path
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
 Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone
-MODEL_FILE = "model.d3"
+# a checkpoint's weights (torch state dicts, read back with weights_only=True) and its algorithm (d3rlpy's own JSON
+# of the config and shapes): d3rlpy's model.d3 pickles both, and loading a pickle runs code (docs/robustness.md)
+MODEL_FILE = "model.pt"
+ALGO_FILE = "algo.json"
 
 
 @dataclass
@@ -189,9 +192,17 @@ class OfflineConductor:
 
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
+        from d3rlpy.base import LearnableConfigWithShape
+
         folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(folder / MODEL_FILE, "conductor model") as tmp:  # a full disk keeps the old model whole
-            self.algo.save(str(tmp))
+        impl = self.algo.impl
+        spec = LearnableConfigWithShape(
+            observation_shape=impl.observation_shape, action_size=impl.action_size, config=self.algo.config
+        )
+        with atomic_path(folder / ALGO_FILE, "conductor algorithm") as tmp:  # a full disk keeps the old one whole
+            tmp.write_text(spec.serialize(), encoding="utf-8")
+        with atomic_path(folder / MODEL_FILE, "conductor model") as tmp:
+            self.algo.save_model(str(tmp))
         self.meta.save(folder)
         return folder
 
@@ -199,14 +210,19 @@ class OfflineConductor:
     def load(
         cls, folder: str | Path, config: TeamEnvConfig, encoder: ObservationEncoder, name: str | None = None
     ) -> OfflineConductor:
-        import d3rlpy
+        import torch
+        from d3rlpy.base import LearnableConfigWithShape
 
         folder = Path(folder)
         meta, path = open_checkpoint(folder, config, encoder, MODEL_FILE, D3RLPY_ALGOS)
         try:
-            algo = d3rlpy.load_learnable(str(path), device=False)
-        except Exception as e:  # d3rlpy raises bare exceptions on a foreign or damaged file
-            raise PolicyError(f"{path}: cannot load the d3rlpy model ({type(e).__name__}: {e})") from e
+            spec = LearnableConfigWithShape.deserialize((folder / ALGO_FILE).read_text(encoding="utf-8"))
+            algo = spec.create(device=False)
+            state = torch.load(path, map_location="cpu", weights_only=True)  # tensors and numbers only: no pickle
+            for key, module in algo.impl.modules.create_checkpointer("cpu:0").modules.items():
+                module.load_state_dict(state[key])
+        except Exception as e:  # d3rlpy and torch raise bare exceptions on a foreign or damaged file
+            raise PolicyError(f"{folder}: cannot load the d3rlpy model ({type(e).__name__}: {e})") from e
         c = cls(algo, meta, name=name)
         c.checkpoint = str(folder)
         return c
@@ -266,7 +282,7 @@ def train_offline(
     progress: bool = False,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
 ) -> TrainResult:
-    """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json + model.d3),
+    """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json, algo.json, model.pt),
     write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch) and
     ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``."""
     import d3rlpy

@@ -223,9 +223,9 @@ def test_distilled_tree_loader_refuses_bad_arrays(tmp_path: Path, which: str, v:
     name=st.sampled_from(["manifest.json", "trainer_state.json", "config.json", "rng.pt"]), junk=st.binary(max_size=40)
 )
 def test_phase2_checkpoint_loader_on_damaged_files(tmp_path: Path, name: str, junk: bytes) -> None:
-    from orchestra.teamtr.checkpoint import CheckpointError, load_checkpoint
-
     import tempfile
+
+    from orchestra.teamtr.checkpoint import CheckpointError, load_checkpoint
 
     stage = Path(tempfile.mkdtemp(dir=tmp_path)) / "stage-0001"
     stage.mkdir()

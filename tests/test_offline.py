@@ -114,7 +114,7 @@ def test_cql_finds_the_known_optimal_schedule(tmp_path: Path, random_data: Condu
     assert np.mean([e.return_ for e in random_data.episodes]) < 0.6
     # metrics per epoch, config and checkpoint in the run dir
     assert (tmp_path / "metrics.csv").read_text().count("\n") == 4
-    assert (tmp_path / "model.d3").exists() and (tmp_path / "conductor.json").exists()
+    assert {p.name for p in tmp_path.iterdir()} >= {"model.pt", "algo.json", "conductor.json"}
 
 
 def test_bcq_filtered_bc_and_the_unconservative_q_learners_also_reach_the_optimum_on_this_problem(
@@ -214,7 +214,7 @@ def test_checkpoint_round_trip_and_layout_check(tmp_path: Path, heuristic_data) 
         )
     with pytest.raises(PolicyError, match="not a conductor checkpoint"):
         load_conductor(tmp_path, team.env, enc)
-    (tmp_path / "cql" / "model.d3").write_bytes(b"garbage")
+    (tmp_path / "cql" / "model.pt").write_bytes(b"garbage")
     with pytest.raises(PolicyError, match="cannot load the d3rlpy model"):
         load_conductor(tmp_path / "cql", team.env, enc)
 

@@ -55,7 +55,15 @@ from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
 from policies.dataset import ConductorDataset, FeatureSet, build_dataset
 from policies.distill import DistillConfig, distill
-from policies.offline import MODEL_FILE, FQEConfig, OfflineConductor, OfflineConfig, fqe_evaluate, train_offline
+from policies.offline import (
+    ALGO_FILE,
+    MODEL_FILE,
+    FQEConfig,
+    OfflineConductor,
+    OfflineConfig,
+    fqe_evaluate,
+    train_offline,
+)
 from trajectories import Episode, read_many
 
 
@@ -163,9 +171,9 @@ def record_stage(
 
 
 def model_digest(folder: Path) -> str:
-    """sha256 over a learned conductor's checkpoint files (weights and conductor.json)."""
+    """sha256 over a learned conductor's checkpoint files (weights, algorithm and conductor.json)."""
     h = hashlib.sha256()
-    for f in sorted(p for p in folder.iterdir() if p.name in (MODEL_FILE, "conductor.json")):
+    for f in sorted(p for p in folder.iterdir() if p.name in (MODEL_FILE, ALGO_FILE, "conductor.json")):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()
