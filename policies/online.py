@@ -199,6 +199,52 @@ def _episode_collector() -> Any:
     return EpisodeCollector()
 
 
+# -- loading without unpickling ---------------------------------------------------------------------
+# the entries stable-baselines3 cloudpickles into a saved model's `data`, and what each is rebuilt from instead; the
+# last four are rollout state, dropped (None): a resumed run resets its env and starts fresh episode buffers
+_SB3_SERIALIZED = (
+    "policy_class", "observation_space", "action_space", "rollout_buffer_class", "clip_range", "lr_schedule",
+    "_last_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer",
+)  # fmt: skip
+
+
+def load_ppo(path: Path, observation_size: int, num_actions: int, ppo: Mapping[str, Any], env: Any = None) -> Any:
+    """``MaskablePPO.load`` without unpickling anything: every cloudpickled entry of the zip's ``data`` is replaced
+    by the object orchestra builds itself (its policy and buffer classes, the conductor's spaces, the constant
+    schedules of the recorded config); an entry it does not know is refused. The weights are read with
+    ``weights_only=True`` by stable-baselines3 itself."""
+    import zipfile
+
+    from gymnasium import spaces
+    from sb3_contrib import MaskablePPO
+    from sb3_contrib.common.maskable.buffers import MaskableRolloutBuffer
+    from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
+    from stable_baselines3.common.utils import ConstantSchedule
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            data = json.loads(z.read("data"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise PolicyError(f"{path}: not a stable-baselines3 model ({type(e).__name__}: {e})") from e
+    pickled = sorted(k for k, v in data.items() if isinstance(v, dict) and ":serialized:" in v)
+    unknown = [k for k in pickled if k not in _SB3_SERIALIZED]
+    if unknown:
+        raise PolicyError(f"{path}: pickled entries orchestra does not rebuild: {unknown} (refused: loading runs code)")
+    objects = {
+        "policy_class": MaskableActorCriticPolicy,
+        "observation_space": env.observation_space
+        if env is not None
+        else spaces.Box(-np.inf, np.inf, shape=(observation_size,), dtype=np.float32),
+        "action_space": env.action_space if env is not None else spaces.Discrete(num_actions),
+        "rollout_buffer_class": MaskableRolloutBuffer,
+        "clip_range": ConstantSchedule(float(ppo.get("clip_range", PPOConfig.clip_range))),
+        "lr_schedule": ConstantSchedule(float(ppo.get("learning_rate", PPOConfig.learning_rate))),
+        **dict.fromkeys(_SB3_SERIALIZED[6:]),
+    }
+    device = str(ppo.get("device", "cpu"))
+    return MaskablePPO.load(path, env=env, device=device, custom_objects=objects)
+
+
 # -- training ----------------------------------------------------------------------------------------
 def _new_model(env: Any, cfg: PPOConfig) -> Any:
     from sb3_contrib import MaskablePPO
@@ -275,7 +321,6 @@ def _train(
     resume: bool,
     progress: bool,
 ) -> PPOConductor:
-    from sb3_contrib import MaskablePPO
 
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / CHECKPOINT_DIR
@@ -289,7 +334,7 @@ def _train(
     log = MetricsLog(out, resume=resumed)
     if resumed:
         ConductorMeta.load(ckpt).check_layout(meta.feature_names, meta.action_labels, where=str(ckpt))
-        model = MaskablePPO.load(ckpt / MODEL_FILE, env=env, device=cfg.device)
+        model = load_ppo(ckpt / MODEL_FILE, len(meta.feature_names), len(meta.action_labels), asdict(cfg), env=env)
         model.set_random_seed(cfg.seed + model.num_timesteps)  # a fresh task stream, reproducible
     else:
         model = _new_model(env, cfg)
@@ -372,11 +417,10 @@ class PPOConductor:
         cls, folder: str | Path, config: TeamEnvConfig, encoder: ObservationEncoder, name: str | None = None
     ) -> PPOConductor:
         """Load a checkpoint folder for this team and encoder (:class:`LayoutError` on another layout)."""
-        from sb3_contrib import MaskablePPO
-
         folder = Path(folder)
         meta, path = open_checkpoint(folder, config, encoder, MODEL_FILE, ("ppo",))
-        model = MaskablePPO.load(path, device="cpu")
+        ppo = {**dict(meta.config.get("ppo", {})), "device": "cpu"}
+        model = load_ppo(path, len(meta.feature_names), len(meta.action_labels), ppo)
         return cls(model, meta, name=name or f"ppo:{folder.name}")
 
 

@@ -21,7 +21,7 @@ from orchestra.jobs.conductor_ppo import ConductorPPOConfig, train_conductor_ppo
 from orchestra.runtime.conductor_gym import ConductorGymEnv, SafetyRails
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.workers import Worker
-from policies.base import ConductorPolicy
+from policies.base import ConductorPolicy, PolicyError
 from policies.checkpoint import ConductorMeta, LayoutError, load_conductor, team_layout
 from policies.dataset import build_dataset
 from policies.online import PPOConductor, PPOConfig, aggregate_episode_metrics, train_ppo
@@ -159,7 +159,15 @@ def test_ppo_learns_to_route(trained: tuple[PPOConductor, Path]) -> None:
     assert cfg["ppo"] == asdict(FAST)
 
 
-def test_save_load_round_trip_gives_identical_decisions(trained: tuple[PPOConductor, Path], tmp_path: Path) -> None:
+def test_save_load_round_trip_gives_identical_decisions(
+    trained: tuple[PPOConductor, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cloudpickle
+
+    def no_unpickling(*a: object, **k: object) -> None:
+        raise AssertionError("a checkpoint load unpickled something")
+
+    monkeypatch.setattr(cloudpickle, "loads", no_unpickling)  # stable-baselines3 would unpickle `data` entries
     conductor, out = trained
     env = route_env(seed=7)
     obs_batch, masks = [], []
@@ -197,6 +205,19 @@ def test_save_load_round_trip_gives_identical_decisions(trained: tuple[PPOConduc
     for load in (PPOConductor.load, load_conductor):
         with pytest.raises(LayoutError, match="trained on 'minilm' sentence embeddings"):
             load(tmp_path / "minilm", ROUTE_CFG, env.encoder)
+    # a model whose data holds a pickled entry orchestra does not rebuild is refused, not unpickled
+    import zipfile
+
+    shutil.copytree(out / "checkpoint", tmp_path / "hostile")
+    model = tmp_path / "hostile" / "model.zip"
+    with zipfile.ZipFile(out / "checkpoint" / "model.zip") as src, zipfile.ZipFile(model, "w") as dst:
+        for item in src.namelist():
+            raw = src.read(item)
+            if item == "data":
+                raw = json.dumps({**json.loads(raw), "payload": {":serialized:": "gASV"}}).encode()
+            dst.writestr(item, raw)
+    with pytest.raises(PolicyError, match="payload"):
+        PPOConductor.load(tmp_path / "hostile", ROUTE_CFG, env.encoder)
 
 
 def test_warm_start_from_a_dataset_raises_agreement(tmp_path: Path) -> None:
