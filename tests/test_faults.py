@@ -165,6 +165,21 @@ def test_plain_exceptions_inside_a_backend_are_faults_too(tmp_path: Path) -> Non
     assert errs[0].error.cause == "backend_exception" and engine.stats.errors == {"backend_exception": 1}
 
 
+def test_phase_two_refuses_to_learn_from_a_faulted_episode(tmp_path: Path) -> None:
+    """Phase 2 (orchestra/teamtr/llm.py) runs its batches through require_no_faults: a fault stops the stage."""
+    from orchestra.runtime.rollout import require_no_faults
+
+    team = arithmetic_team()
+    tid = get_family(team.family).generate("test", 8, 3)[4].id
+    run(team, faulty_workers(team, {tid}), tmp_path / "x.jsonl")
+    eps = read_trajectories(tmp_path / "x.jsonl").episodes
+    with pytest.raises(BackendError, match="1 episode.*of a training batch.*http_503") as err:
+        require_no_faults(eps, "a training batch")
+    assert err.value.cause == "http_503"
+    clean = [e for e in eps if e.error is None]
+    assert require_no_faults(clean, "a training batch") is clean
+
+
 def test_episode_retries_replay_a_faulted_episode_from_its_start(tmp_path: Path) -> None:
     team = arithmetic_team()
     run(team, scripted_workers(team), tmp_path / "clean.jsonl")

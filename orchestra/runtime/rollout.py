@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from envs.tasks.base import Task, TaskFamily
 from envs.team_env import CONDUCTOR, TeamEnv
-from orchestra.backends.base import Completion, Failure, generate_settled
+from orchestra.backends.base import BackendError, Completion, Failure, generate_settled
 from orchestra.runtime.team_file import TeamSpec
 from orchestra.runtime.workers import Worker
 from policies.base import ConductorPolicy
@@ -374,6 +374,22 @@ class RolloutEngine:
         bar.update(1)
         el = max(time.perf_counter() - t_start, 1e-9)
         bar.set_postfix(ep_s=f"{len(done) / el:.2f}", tok_s=f"{self.stats.generated_tokens / el:.0f}")
+
+
+def require_no_faults(episodes: list[Episode], what: str) -> list[Episode]:
+    """``episodes`` if no fault cut one short, else a :class:`BackendError` naming the first. For callers that must
+    not learn from or score a faulted episode (phase 2: one fault stops the stage, which ``--resume`` repeats from
+    its checkpoint), where a recording would record it and go on."""
+    bad = [e for e in episodes if e.error is not None]
+    if bad:
+        e = bad[0]
+        assert e.error is not None
+        raise BackendError(
+            f"a backend fault ended {len(bad)} episode(s) of {what} (first: {e.error.cause}, {e.error.worker}'s "
+            f"turn: {e.error.message}); phase 2 does not train on faulted episodes: rerun with --resume",
+            cause=e.error.cause,
+        )
+    return episodes
 
 
 def episode_metrics(episodes: Iterable[Episode]) -> dict[str, float]:

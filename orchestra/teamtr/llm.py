@@ -63,7 +63,7 @@ from orchestra.backends.base import Backend, Completion, GenerationParams, Usage
 from orchestra.backends.hf import TransformersBackend
 from orchestra.backends.models import resolve_model
 from orchestra.runtime.conductors import conductor_factory, split_spec
-from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, episode_seed
+from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, episode_seed, require_no_faults
 from orchestra.runtime.session import resolve_family
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker
@@ -310,7 +310,7 @@ class LLMTeam:
         ]
         self.recorder.rows, self.recorder.turns = {id(j.task): row for row, j in enumerate(jobs)}, []
         try:
-            done = self.engine.run(jobs)
+            done = require_no_faults(self.engine.run(jobs), "a training batch")
             turns = self.recorder.turns
         finally:
             self.recorder.rows, self.recorder.turns = None, []
@@ -345,7 +345,7 @@ class LLMTeam:
         if not self.eval_tasks:
             return None
         jobs = [EpisodeJob(f"eval-{i:05d}", t, episode_seed(self.cfg.seed, i)) for i, t in enumerate(self.eval_tasks)]
-        eps = self.eval_engine.run(jobs)
+        eps = require_no_faults(self.eval_engine.run(jobs), "a held-out evaluation")
         success = sum(e.success for e in eps) / len(eps)
         self._say(f"  held-out success {success:.1%} on {len(eps)} test tasks")
         return success
@@ -390,7 +390,7 @@ class LLMTeam:
                 worker = self.workers[name]
                 backend: Backend = _EmptyBackend() if null == "drop" else self.backend_of(i)  # no adapter: the base
                 self.workers[name] = dataclasses.replace(worker, backend=backend)
-            eps = self.engine.run(jobs)
+            eps = require_no_faults(self.engine.run(jobs), "a counterfactual evaluation")
         finally:
             self.workers.clear()
             self.workers.update(saved)
