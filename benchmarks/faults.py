@@ -121,7 +121,7 @@ def run(
         stale.unlink(missing_ok=True)  # a soak is one uninterrupted recording
     server, upstream = start_llama_server()
     t0 = time.perf_counter()
-    crash = None
+    crash, drained = None, False
     try:
         with FaultProxy(upstream, rate=rate, seed=seed, give_up_after=max_retries + 1, hang_s=timeout_s + 1.0) as px:
             team = team_file(out / "team.yaml", px.url, max_retries, timeout_s, max_tokens)
@@ -138,6 +138,7 @@ def run(
                 metrics = res.metrics
             except Exception as e:  # noqa: BLE001 - the soak reports a crash, it does not hide it
                 crash, metrics = f"{type(e).__name__}: {e}", {}
+            drained = px.drain()  # a request the client gave up on may still be in flight upstream: wait for it
             ledger = px.ledger
     finally:
         server.terminate()
@@ -163,6 +164,7 @@ def run(
         "unrecoverable": sum(expected.values()),
         "unrecoverable_by_cause": dict(sorted(expected.items())),
         "upstream_errors": ledger.upstream_errors,
+        "drained": drained,
         "upstream_samples": ledger.upstream_samples,
         "crashes": 0 if crash is None else 1,
         "crash": crash,

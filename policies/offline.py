@@ -39,6 +39,7 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
+from policies import train_state
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
@@ -281,10 +282,15 @@ def train_offline(
     *,
     progress: bool = False,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
+    resume: bool = False,
 ) -> TrainResult:
     """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json, algo.json, model.pt),
     write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch) and
-    ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``."""
+    ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``.
+
+    Every epoch also leaves the full training state in ``out_dir/resume/`` (:mod:`policies.train_state`);
+    ``resume=True`` continues a killed run from its last finished epoch, bit-identical to an uninterrupted run
+    (the same config and dataset are required; with no saved state it starts from scratch)."""
     import d3rlpy
     import torch
     from d3rlpy.logging import NoopAdapterFactory
@@ -306,39 +312,44 @@ def train_offline(
         config=asdict(cfg),
         dataset={k: v for k, v in data.summary().items() if k != "sources"} | {"sources": ds.sources},
     )
-    (out / "config.json").write_text(
-        json.dumps({"offline": asdict(cfg), "dataset": meta.dataset}, indent=2, default=str)
-    )
+    run_config = {"offline": asdict(cfg), "dataset": meta.dataset}
+    if resume and (out / "config.json").exists():
+        train_state.check_resume_config(out, run_config)
+    else:
+        train_state.clear_state(out)
+        (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
     conductor = OfflineConductor(algo, meta)
-    agree: dict[int, float] = {}
-
-    def epoch_end(a: Any, epoch: int, step: int) -> None:
-        agree[epoch] = agreement(conductor, ds)
-        conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
-        if cfg.keep_epochs:
-            conductor.save(out / "epochs" / str(epoch))
-
     mdp = data.to_mdp(cfg.truncation)
+    algo.build_with_dataset(mdp)  # built here, not inside fit, so a resumed run can load its state first
     if cfg.algo in ("ddqn", "cql") and cfg.masked_targets:
-        algo.build_with_dataset(mdp)
         mask_target_actions(algo, data.legal_mask)
+    saved = train_state.load_state(out) if resume else None  # restores the RNGs as they were after that epoch
+    done = saved.epoch if saved is not None else 0
+    rows: list[dict[str, Any]] = list(saved.rows) if saved is not None else []
+    if saved is not None:
+        train_state.restore_modules(algo, saved)
+    n_epochs = cfg.n_steps // cfg.n_steps_per_epoch
     try:
-        history = algo.fit(
-            mdp,
-            n_steps=cfg.n_steps,
-            n_steps_per_epoch=cfg.n_steps_per_epoch,
-            logger_adapter=NoopAdapterFactory(),
-            show_progress=progress,
-            epoch_callback=epoch_end,
-        )
+        if n_epochs > done:
+            fitter = algo.fitter(
+                mdp,
+                n_steps=(n_epochs - done) * cfg.n_steps_per_epoch,
+                n_steps_per_epoch=cfg.n_steps_per_epoch,
+                logger_adapter=NoopAdapterFactory(),
+                show_progress=progress,
+            )
+            for fit_epoch, losses in fitter:  # d3rlpy counts the epochs of this call from 1
+                epoch = done + fit_epoch
+                row: dict[str, Any] = {"epoch": epoch, "step": epoch * cfg.n_steps_per_epoch}
+                row.update({f"losses/{k}": float(v) for k, v in losses.items()})
+                row["perf/agreement"] = agreement(conductor, ds)  # with the logged actions
+                rows.append(row)
+                conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
+                if cfg.keep_epochs:
+                    conductor.save(out / "epochs" / str(epoch))
+                train_state.save_state(out, algo, epoch, rows)  # last: the RNGs as the next epoch finds them
     finally:
         torch.set_num_threads(threads)
-    rows: list[dict[str, Any]] = []
-    for epoch, losses in history:
-        row: dict[str, Any] = {"epoch": epoch, "step": epoch * cfg.n_steps_per_epoch}
-        row.update({f"losses/{k}": float(v) for k, v in losses.items()})
-        row["perf/agreement"] = agree.get(epoch, float("nan"))  # with the logged actions
-        rows.append(row)
     _write_rows(out, rows)
     for r in rows:
         if on_epoch is not None:

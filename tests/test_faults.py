@@ -432,6 +432,37 @@ def test_the_proxy_ledger_counts_failed_runs_as_the_client_met_them() -> None:
     }
     assert led.unrecoverable == Counter({"timeout": 1, "reset": 1, "bad_schema": 1})
     assert led.unrecoverable_causes() == Counter({"timeout": 1, "connection": 1, "malformed_reply": 1})
+    led.attempts["e"] = [["upstream_503"], ["non_json"]]  # an upstream 503 relayed as it came fails the attempt too
+    assert led.unrecoverable_causes()["http_503"] == 0 and led.unrecoverable_causes()["non_json"] == 1
+    led.attempts["f"] = [["non_json"], ["upstream_503"]]
+    assert led.unrecoverable_causes()["http_503"] == 1
+
+
+def test_the_proxy_waits_for_replies_the_client_gave_up_on(server: Callable[..., Scripted]) -> None:
+    """A client that times out leaves its request in flight upstream; until the reply comes back the attempt's
+    outcome is unknown, and a ledger read then would miss a failed attempt (and an unrecoverable run)."""
+    import time
+
+    import httpx
+
+    from orchestra.backends.fault_proxy import FaultProxy
+
+    def slow_then_busy(body: dict[str, Any]) -> tuple[int, Any]:
+        if body["n"] == 0:
+            time.sleep(1.0)
+            return 200, good()
+        return 503, "busy"
+
+    srv = server(slow_then_busy)
+    with FaultProxy(srv.url, rate=0.0, give_up_after=2) as px:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(px.url + "/v1/chat/completions", json={"n": 0}, timeout=0.2)
+        assert px.ledger.pending == 1  # still upstream
+        assert px.drain(timeout_s=10)
+        assert httpx.post(px.url + "/v1/chat/completions", json={"n": 1}, timeout=5).status_code == 503
+        assert px.drain(timeout_s=10)
+        outcomes = sorted(o for events in px.ledger.attempts.values() for (o,) in events)
+    assert outcomes == ["late", "upstream_503"] and px.ledger.upstream_errors == 1 and px.ledger.faults == 0
 
 
 # ------------------------------------------------------------------------------------------ the soak, short

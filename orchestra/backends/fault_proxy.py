@@ -106,7 +106,7 @@ class FaultLedger:
                     continue
                 run += 1
                 if run == self.give_up_after:
-                    out["timeout" if outcome == "late" else outcome] += 1
+                    out[_kind_met(outcome)] += 1
                     run = 0  # the client gave up; a replayed episode starts a new run
         return out
 
@@ -114,8 +114,23 @@ class FaultLedger:
         """The unrecoverable faults by the cause the client reports for them."""
         out: Counter[str] = Counter()
         for kind, n in self.unrecoverable.items():
-            out[CAUSE_OF[kind]] += n
+            out[CAUSE_OF.get(kind, kind)] += n
         return out
+
+    @property
+    def pending(self) -> int:
+        """Forwarded requests whose upstream reply has not come back yet (their outcome is still unknown)."""
+        return sum(1 for events in self.attempts.values() for (outcome,) in events if outcome == "pending")
+
+
+def _kind_met(outcome: str) -> str:
+    """The fault kind a failed attempt amounts to, for the client: a late reply is the timeout it met; an upstream
+    non-200 relayed as it came is that HTTP status."""
+    if outcome == "late":
+        return "timeout"
+    if outcome.startswith("upstream_"):
+        return "http_" + outcome.removeprefix("upstream_")
+    return outcome
 
 
 class FaultProxy:
@@ -163,6 +178,19 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self
+
+    def drain(self, timeout_s: float = 120.0) -> bool:
+        """Wait until every forwarded request has its outcome (a client that gave up on one leaves it in flight
+        upstream: it becomes ``late`` when the reply comes back). Read the ledger after this, and before the upstream
+        stops. False if some are still pending after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self.ledger.pending == 0:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
 
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
@@ -226,16 +254,16 @@ class FaultProxy:
                         )
                     except httpx.HTTPError as e:
                         proxy._upstream_error(f"{type(e).__name__}: {e}")
-                        slot[0] = "ok"  # relayed as a 502: the client retries it like any 5xx
-                        self._send(502, f"upstream failed: {e}".encode())
-                        return
+                        # relayed as a 502, a failed attempt the client retries like any 5xx (not an injected
+                        # fault, but it counts in the run: upstream_errors says how many there were)
+                        r = httpx.Response(502, content=f"upstream failed: {e}".encode())
                     if r.status_code != 200:
                         proxy._upstream_error(f"HTTP {r.status_code}: {r.text[:300]}")
                     try:
                         if _peer_closed(self.connection):
                             raise ConnectionAbortedError
                         self._send(r.status_code, r.content)
-                        slot[0] = "ok"
+                        slot[0] = "ok" if r.status_code == 200 else f"upstream_{r.status_code}"
                     except OSError:  # the client timed out and closed the connection: it met a timeout
                         slot[0] = "late"
                         with proxy._lock:

@@ -61,6 +61,7 @@ def _train(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("offline.hidden_units", "--hidden"),
             Opt("offline.truncation", "--truncation"),
             Opt("offline.seed", "--seed"),
+            "resume",
         ],
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")

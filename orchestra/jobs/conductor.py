@@ -86,6 +86,9 @@ class TrainConfig:
     out: str  # checkpoint / run directory
     team: str | None = None  # check the dataset's layout against this team first (built-in name or YAML)
     offline: OfflineConfig = field(default_factory=OfflineConfig)  # the algorithm and every training knob
+    # continue a killed run in --out from its last finished epoch (bit-identical to an uninterrupted run on CPU;
+    # the same dataset and knobs are required)
+    resume: bool = False
 
 
 def train_job(cfg: TrainConfig, progress: bool = True) -> tuple[ConductorDataset, TrainResult]:
@@ -95,7 +98,7 @@ def train_job(cfg: TrainConfig, progress: bool = True) -> tuple[ConductorDataset
     if cfg.team:
         team, enc = team_encoder(cfg.team)
         ds.check_layout(team.env, enc, where=cfg.dataset)
-    return ds, train_offline(ds, cfg.offline, cfg.out, progress=progress)
+    return ds, train_offline(ds, cfg.offline, cfg.out, progress=progress, resume=cfg.resume)
 
 
 # ----------------------------------------------------------------------------------------------------------------
