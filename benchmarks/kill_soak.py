@@ -3,7 +3,7 @@
 compared with the same command run once without interruption.
 
     python benchmarks/kill_soak.py [--kills 6] [--seed 0] [--out runs/kill-soak] [--parts train finetune]
-                                   [--train-steps 6000] [--stages 3] [--model smollm2]
+                                   [--train-steps 6000] [--stages 3] [--model smollm2] [--continue]
 
 - **train**: a dataset recorded with the embedded SmolLM2 (``orchestra record``, the arithmetic team, ``random``
   and ``pipeline`` conductors, 24 episodes each) is built once (``orchestra dataset build``); ``orchestra train
@@ -50,29 +50,57 @@ def _run(args: list[str], log: Path) -> tuple[int, float]:
     return rc, time.perf_counter() - t0
 
 
-def _killed_run(args: list[str], log: Path, delays: list[float]) -> dict[str, Any]:
-    """Launch ``args`` (which must resume), SIGKILL it after each delay in turn, then let the last launch finish."""
-    kills, launches, t0 = 0, 0, time.perf_counter()
-    landed: list[float] = []
+def _killed_run(args: list[str], log: Path, delays: list[float], book: Path) -> dict[str, Any]:
+    """Launch ``args`` (which must resume), SIGKILL it after each delay in turn, then let the last launch finish.
+    Every launch is appended to ``book`` (JSONL), so a soak that is itself restarted (``--continue``) carries on
+    the same killed run and counts all its kills."""
+    t0 = time.perf_counter()
     for delay in [*delays, None]:
-        launches += 1
         with log.open("ab") as f:
-            f.write(f"\n=== launch {launches} (kill after {delay}s) ===\n".encode())
+            f.write(f"\n=== launch (kill after {delay}s) ===\n".encode())
             f.flush()
             p = subprocess.Popen([*ORCHESTRA, *args], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
             try:
-                rc = p.wait(timeout=delay)
+                rc, killed = p.wait(timeout=delay), False
             except subprocess.TimeoutExpired:
                 p.send_signal(signal.SIGKILL)
                 p.wait()
-                kills += 1
-                landed.append(round(float(delay or 0), 1))
-                continue
-        if rc != 0:
-            raise SystemExit(f"launch {launches} exited {rc}: see {log}")
-        if delay is not None:  # finished before the kill: the remaining kills would find nothing to kill
+                rc, killed = -9, True
+        with book.open("a", encoding="utf-8") as b:
+            b.write(
+                json.dumps({"delay_s": delay, "killed": killed, "rc": rc, "wall_s": time.perf_counter() - t0}) + "\n"
+            )
+            t0 = time.perf_counter()
+        if not killed and rc != 0:
+            raise SystemExit(f"a launch exited {rc}: see {log}")
+        if not killed:  # finished (before its kill, if it had one): done
             break
-    return {"kills": kills, "launches": launches, "kill_delays_s": landed, "wall_s": time.perf_counter() - t0}
+    launches = [json.loads(line) for line in book.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return {
+        "kills": sum(x["killed"] for x in launches),
+        "launches": len(launches),
+        "kill_delays_s": [round(x["delay_s"], 1) for x in launches if x["killed"]],
+        "wall_s": sum(x["wall_s"] for x in launches),
+    }
+
+
+def _straight(args: list[str], folder: Path, log: Path, again: bool) -> float:
+    """Run ``args`` once into ``folder`` uninterrupted (or, with ``again``, reuse the one there); its wall time."""
+    stamp = folder / "straight_wall.json"
+    if again and stamp.exists():
+        return float(json.loads(stamp.read_text(encoding="utf-8"))["wall_s"])
+    shutil.rmtree(folder, ignore_errors=True)
+    rc, wall = _run([*args, "--out", str(folder)], log)
+    if rc:
+        raise SystemExit(f"the straight run failed: see {log}")
+    stamp.write_text(json.dumps({"wall_s": wall}), encoding="utf-8")
+    return wall
+
+
+def _fresh_killed(folder: Path, book: Path, again: bool) -> None:
+    if not again:
+        shutil.rmtree(folder, ignore_errors=True)
+        book.unlink(missing_ok=True)
 
 
 def _tensors(files: list[Path]) -> dict[str, Any]:
@@ -120,7 +148,7 @@ def _same_rows(a: Path, b: Path, wall: tuple[str, ...]) -> tuple[bool, int]:
     return json.dumps(ra, sort_keys=True) == json.dumps(rb, sort_keys=True), len(ra)
 
 
-def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random) -> dict[str, Any]:
+def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random, again: bool) -> dict[str, Any]:
     log = out / "train.log"
     data = out / "data"
     if not (data / "dataset.npz").exists():
@@ -149,34 +177,30 @@ def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random)
             raise SystemExit(f"dataset build failed: see {log}")
     args = ["train", "--algo", "cql", "--dataset", str(data / "dataset.npz"), "--team", "arithmetic",
             "--steps", str(steps), "--steps-per-epoch", "500", "--critics", "2", "--seed", str(seed), "--quiet"]  # fmt: skip
-    straight, killed = out / "train-straight", out / "train-killed"
-    shutil.rmtree(straight, ignore_errors=True)
-    shutil.rmtree(killed, ignore_errors=True)
-    rc, wall = _run([*args, "--out", str(straight)], log)
-    if rc:
-        raise SystemExit(f"straight train failed: see {log}")
+    straight, killed, book = out / "train-straight", out / "train-killed", out / "train-launches.jsonl"
+    wall = _straight(args, straight, log, again)
+    _fresh_killed(killed, book, again)
     delays = [rng.uniform(0.15, 0.5) * wall for _ in range(kills)]
-    run = _killed_run([*args, "--out", str(killed), "--resume"], log, delays)
+    run = _killed_run([*args, "--out", str(killed), "--resume"], log, delays, book)
     same_w, n_t = _same_tensors([straight / "model.pt"], [killed / "model.pt"])
     same_m, n_r = _same_rows(straight / "metrics.jsonl", killed / "metrics.jsonl", ("losses/time_",))
     return {"straight_wall_s": wall, **run, "tensors": n_t, "weights_identical": same_w, "metric_rows": n_r,
             "metrics_identical": same_m}  # fmt: skip
 
 
-def finetune_part(out: Path, kills: int, seed: int, stages: int, model: str, rng: random.Random) -> dict[str, Any]:
+def finetune_part(
+    out: Path, kills: int, seed: int, stages: int, model: str, rng: random.Random, again: bool
+) -> dict[str, Any]:
     log = out / "finetune.log"
     args = ["finetune", "--team", "arithmetic", "--conductor", "pipeline", "--pipeline", "solver:solve",
             "critic:check", "solver:revise", "--workers", "solver", "critic", "--stages", str(stages),
             "--batch-size", "4", "--group-size", "2", "--max-tokens", "16", "--embedder", "hash", "--model", model,
             "--seed", str(seed), "--quiet"]  # fmt: skip
-    straight, killed = out / "finetune-straight", out / "finetune-killed"
-    shutil.rmtree(straight, ignore_errors=True)
-    shutil.rmtree(killed, ignore_errors=True)
-    rc, wall = _run([*args, "--out", str(straight)], log)
-    if rc:
-        raise SystemExit(f"straight finetune failed: see {log}")
+    straight, killed, book = out / "finetune-straight", out / "finetune-killed", out / "finetune-launches.jsonl"
+    wall = _straight(args, straight, log, again)
+    _fresh_killed(killed, book, again)
     delays = [rng.uniform(0.1, 0.4) * wall for _ in range(kills)]
-    run = _killed_run([*args, "--out", str(killed), "--resume"], log, delays)
+    run = _killed_run([*args, "--out", str(killed), "--resume"], log, delays, book)
 
     def weights(d: Path) -> list[Path]:  # the final adapters and the last checkpoint (adapters, Adam moments)
         stage = sorted(p for p in (d / "checkpoints").glob("stage-*") if p.is_dir())[-1]
@@ -202,6 +226,12 @@ def main() -> int:
     ap.add_argument("--train-steps", type=int, default=6000, help="orchestra train --steps")
     ap.add_argument("--stages", type=int, default=3, help="orchestra finetune --stages")
     ap.add_argument("--model", default="smollm2", help="orchestra finetune --model (smollm2 or tiny)")
+    ap.add_argument(
+        "--continue",
+        dest="again",
+        action="store_true",
+        help="a restarted soak: reuse the straight runs and carry on the killed ones (their kills are counted)",
+    )
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -210,15 +240,19 @@ def main() -> int:
     res: dict[str, Any] = {
         "machine": f"{platform.machine()} | {os.cpu_count()} cpus | python {platform.python_version()}"
     }
+    if a.again and (out / "kill_soak.json").exists():  # keep the parts this restart does not rerun
+        res = {**json.loads((out / "kill_soak.json").read_text(encoding="utf-8")), **res}
     if "train" in a.parts:
-        res["train"] = train_part(out, a.kills, a.seed, a.train_steps, rng)
+        res["train"] = train_part(out, a.kills, a.seed, a.train_steps, rng, a.again)
         print("train:", json.dumps(res["train"]), flush=True)
     if "finetune" in a.parts:
-        res["finetune"] = finetune_part(out, a.kills, a.seed, a.stages, a.model, rng)
+        res["finetune"] = finetune_part(out, a.kills, a.seed, a.stages, a.model, rng, a.again)
         print("finetune:", json.dumps(res["finetune"]), flush=True)
     (out / "kill_soak.json").write_text(json.dumps(res, indent=2), encoding="utf-8")
     ok = all(r["weights_identical"] and r["metrics_identical"] for k, r in res.items() if k != "machine")
-    for k in a.parts:
+    for k in ("train", "finetune"):
+        if k not in res:
+            continue
         r = res[k]
         print(
             f"{k}: {r['kills']} SIGKILLs, {r['launches']} launches; {r['tensors']} tensors "

@@ -31,7 +31,11 @@ from .scripted import arithmetic_team, record_scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ = settings(
-    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,  # no example database: the same examples on every machine and every run
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 # JSON-ish values a mutation may put anywhere: wrong types, non-finite numbers, huge and empty values
 LEAVES = st.one_of(
@@ -141,8 +145,9 @@ def test_trajectory_reader_reports_every_bad_line(
     path.write_bytes(b"\n".join(lines))
     report = read_trajectories(path)  # never raises
     assert len(report.episodes) >= len(good)
+    n_lines = b"\n".join(lines).count(b"\n") + 1  # physical lines: a chunk may hold newlines itself
     for p in report.problems:
-        assert 1 <= p.line <= len(lines) + 1 and p.kind in ("damaged", "truncated", "schema", "duplicate")
+        assert 1 <= p.line <= n_lines and p.kind in ("damaged", "truncated", "schema", "duplicate")
 
 
 # ------------------------------------------------------------------------------------------ datasets

@@ -232,6 +232,8 @@ class FaultProxy:
                 self, status: int, data: bytes, headers: Mapping[str, str] | None = None, length: int = -1
             ) -> None:
                 self.send_response(status)
+                if self.close_connection:  # tell the client not to reuse it: a retry sent on a socket the proxy is
+                    self.send_header("Connection", "close")  # closing fails before the proxy sees it (unledgered)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data) if length < 0 else length))
                 for k, v in (headers or {}).items():
