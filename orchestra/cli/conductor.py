@@ -221,7 +221,11 @@ def _cmd_reproduce(a: argparse.Namespace) -> int:
 
 COMMANDS = {
     "dataset": Command("build or inspect an offline dataset of conductor decisions", _dataset, _cmd_dataset),
-    "train": Command("train an offline conductor with d3rlpy (bc | fbc | bcq | cql)", _train, _cmd_train),
+    "train": Command(
+        "train an offline conductor with d3rlpy (bc | fbc | dqn | ddqn | bcq | cql; --resume continues a killed run)",
+        _train,
+        _cmd_train,
+    ),
     "ope": Command("estimate a learned conductor's value from logs alone (d3rlpy FQE)", _ope, _cmd_ope),
     "finetune-conductor": Command(
         "refine a conductor online with MaskablePPO behind safety rails", _conductor_ppo, _cmd_conductor_ppo
