@@ -46,26 +46,42 @@ class TrainState:
     folder: Path
 
 
-def _rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+def global_rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Process-wide RNG states as (tensors, numpy scalars): torch's CPU generator (+ CUDA), numpy's legacy MT19937
+    keys as a tensor and its scalars as JSON-able values. Shared with phase 2's checkpoints
+    (``orchestra.teamtr.checkpoint``)."""
     import torch
 
+    tensors = {"torch_global": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        tensors.update({f"torch_cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    version, internal, gauss_next = random.getstate()
-    tensors = {"torch_global": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.int64))}
-    scalars = {
-        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
-    }
-    return tensors, scalars
+    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+    return tensors, {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
 
 
-def _set_rng_state(tensors: dict[str, Any], scalars: dict[str, Any]) -> None:
+def set_global_rng_state(tensors: dict[str, Any], numpy_scalars: dict[str, Any]) -> None:
+    """Restore what :func:`global_rng_state` captured."""
     import torch
 
     torch.set_rng_state(tensors["torch_global"])
-    n = scalars["numpy"]
+    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
     keys = tensors["numpy_keys"].numpy().astype(np.uint32)
+    n = numpy_scalars
     np.random.set_state((n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+
+
+def _rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
+    tensors, numpy_scalars = global_rng_state()
+    version, internal, gauss_next = random.getstate()
+    python = {"version": version, "internal": list(internal), "gauss_next": gauss_next}
+    return tensors, {"numpy": numpy_scalars, "python": python}
+
+
+def _set_rng_state(tensors: dict[str, Any], scalars: dict[str, Any]) -> None:
+    set_global_rng_state(tensors, scalars["numpy"])
     p = scalars["python"]
     random.setstate((p["version"], tuple(p["internal"]), p["gauss_next"]))
 
@@ -160,6 +176,8 @@ def clear_state(out: Path) -> None:
 
 __all__ = [
     "RESUME_DIR",
+    "global_rng_state",
+    "set_global_rng_state",
     "TrainState",
     "check_resume_config",
     "clear_state",

@@ -36,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
 from orchestra.teamtr.protocols import Metrics, TrainableTeam
+from policies.train_state import global_rng_state, set_global_rng_state
 
 FORMAT = "orchestra.teamtr.run/1"
 METRICS_FILES = ("updates", "stages")
@@ -224,33 +224,6 @@ def stage_dir_name(stage: int) -> str:
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def global_rng_state() -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Process-wide RNG states (a team may draw from them, e.g. dropout): torch CPU (+ CUDA) and numpy's legacy one."""
-    tensors = {"torch_global": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        tensors.update({f"torch_cuda_{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.int64))
-    return tensors, {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-
-
-def set_global_rng_state(tensors: dict[str, Tensor], numpy_scalars: dict[str, Any]) -> None:
-    torch.set_rng_state(tensors["torch_global"])
-    cuda = [tensors[k] for k in sorted(k for k in tensors if k.startswith("torch_cuda_"))]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-    keys = tensors["numpy_keys"].numpy().astype(np.uint32)
-    np.random.set_state(
-        (
-            numpy_scalars["kind"],
-            keys,
-            numpy_scalars["pos"],
-            numpy_scalars["has_gauss"],
-            numpy_scalars["cached_gaussian"],
-        )
-    )
 
 
 def save_checkpoint(root: Path, ckpt: Checkpoint, keep: int) -> Path:
