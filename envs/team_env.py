@@ -4,7 +4,10 @@
 Env id                ``orchestra_team_v1`` (:data:`ENV_ID`; ``TeamEnv.metadata["name"]``)
 API                   PettingZoo AEC; ``possible_agents = ["conductor", *workers]``; cooperative, not parallelizable
 Agents                the conductor, then one agent per worker of the team file (LLM workers and tools)
-Conductor action      ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits
+Conductor action      ``Discrete(W * K + 1)``: worker w with instruction k is ``w * K + k``, the last id submits; or an
+                      :class:`Instruct` (a worker plus an instruction in the conductor's own words), which is the
+                      discrete action of the nearest declared instruction (:meth:`TeamEnv.map_instruction`) with the
+                      text sent in place of the template
 Action mask           ``observe("conductor")["action_mask"]`` (int8): the worker takes the instruction, its
                       precondition holds (``requires``: a candidate answer / any message), turns are left; submit
                       needs a candidate (or the team's ``give_up``)
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -51,6 +55,29 @@ ENV_ID = "orchestra_team_v1"  # bump on a change to the spaces, the rewards, the
 
 class IllegalActionError(ValueError):
     """The conductor chose an action its mask forbids (or a worker acted out of turn)."""
+
+
+@dataclass(frozen=True)
+class Instruct:
+    """A conductor action in its own words: ``worker`` receives ``text`` instead of a declared instruction's template.
+
+    ``env.step(Instruct("solver", "multiply first, then subtract"))`` is legal when some declared instruction of that
+    LLM worker is legal now; the env treats it as the discrete action of the nearest legal declared instruction
+    (:meth:`TeamEnv.map_instruction`), so masks, rewards and the observation layout stay those of the discrete
+    space that learners use, while the worker reads the text. Tools take no free-text instruction.
+    """
+
+    worker: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MappedInstruction:
+    """Where an :class:`Instruct` lands in the discrete action space."""
+
+    action: int  # the discrete action id (worker, nearest legal declared instruction)
+    instruction: str  # the declared instruction's name
+    similarity: float  # cosine similarity of the text and that instruction's template under the team's encoder
 
 
 class TeamEnv(AECEnv):
@@ -92,6 +119,7 @@ class TeamEnv(AECEnv):
         self.transcript: list[dict[str, Any]] = []
         self.turn = 0
         self.pending: tuple[str, str] | None = None  # (worker, instruction) awaiting a message
+        self.pending_text: str | None = None  # the conductor's own instruction text for the pending turn (Instruct)
         self.final_verdict: Verdict | None = None
         self.step_reward_vector: dict[str, float] = dict.fromkeys(REWARD_COMPONENTS, 0.0)
         self._obs_cache: np.ndarray | None = None
@@ -121,6 +149,7 @@ class TeamEnv(AECEnv):
         self.transcript = []
         self.turn = 0
         self.pending = None
+        self.pending_text = None
         self.final_verdict = None
         self.step_reward_vector = dict.fromkeys(REWARD_COMPONENTS, 0.0)
         self._obs_cache = None
@@ -196,10 +225,12 @@ class TeamEnv(AECEnv):
         """The chat ``agent`` would answer now: role prompt, then instruction, task and visible messages."""
         assert self.task is not None, "call reset() first"
         w = self._workers[agent]
-        instruction = self.pending[1] if self.pending is not None and self.pending[0] == agent else w.instructions[0]
+        mine = self.pending is not None and self.pending[0] == agent
+        instruction = self.pending[1] if self.pending is not None and mine else w.instructions[0]
+        text = self.pending_text if mine and self.pending_text is not None else self.config.instructions[instruction]
         limit = self.config.max_message_chars
         # instruction first: a small model tends to echo a trailing instruction instead of following it
-        parts = [self.config.instructions[instruction], f"Task:\n{self.task.prompt}"]
+        parts = [text, f"Task:\n{self.task.prompt}"]
         visible = self.visible_messages(agent)
         if visible:
             lines = [f"[{m['worker']}] {m['text'][:limit].strip()}" for m in visible]
@@ -210,6 +241,31 @@ class TeamEnv(AECEnv):
         chat.append({"role": "user", "content": "\n\n".join(parts)})
         return chat
 
+    # -- instructions in the conductor's own words ---------------------------------------------------
+    def map_instruction(self, worker: str, text: str) -> MappedInstruction:
+        """The discrete action an :class:`Instruct` stands for now: ``worker`` with the legal declared instruction
+        whose template is nearest to ``text`` (cosine similarity under the team's sentence encoder; a team without
+        one, ``embedder: none``, uses the hash encoder; ties go to the first declared). :class:`IllegalActionError`
+        names what is wrong: an unknown worker, a tool, an empty text, or no legal instruction for the worker now."""
+        if worker not in self._workers:
+            raise IllegalActionError(f"unknown worker {worker!r} (workers: {', '.join(self.config.worker_names)})")
+        if self._workers[worker].kind != "llm":
+            raise IllegalActionError(f"{worker} is a tool: it takes no free-text instruction")
+        if not text.strip():
+            raise IllegalActionError(f"{worker}: the instruction text is empty")
+        mask = self.action_mask()
+        legal = [ins for ins in self._workers[worker].instructions if mask[self.config.action_id(worker, ins)]]
+        if not legal:
+            ok = [self.config.action_label(int(a)) for a in np.flatnonzero(mask)]
+            raise IllegalActionError(f"{worker} cannot be given a turn now (legal: {ok})")
+        from envs.embeddings import get_embedder  # only an Instruct needs it
+
+        embedder = self.encoder.embedder if self.encoder.embedder.name != "none" else get_embedder("hash")
+        vecs = embedder.embed([text.strip(), *(self.config.instructions[ins] for ins in legal)])
+        sims = vecs[1:] @ vecs[0]
+        best = int(np.argmax(sims))
+        return MappedInstruction(self.config.action_id(worker, legal[best]), legal[best], round(float(sims[best]), 6))
+
     # -- stepping ---------------------------------------------------------------------------------
     def step(self, action: Any) -> None:
         agent = self.agent_selection
@@ -218,7 +274,11 @@ class TeamEnv(AECEnv):
             return
         self._cumulative_rewards[agent] = 0.0
         vec = dict.fromkeys(REWARD_COMPONENTS, 0.0)
-        if agent == CONDUCTOR:
+        if agent == CONDUCTOR and isinstance(action, Instruct):
+            mapped = self.map_instruction(action.worker, action.text)
+            self._conductor_step(mapped.action, vec)
+            self.pending_text = action.text.strip()
+        elif agent == CONDUCTOR:
             self._conductor_step(int(action), vec)
         else:
             self._worker_step(agent, action, vec)
@@ -274,23 +334,25 @@ class TeamEnv(AECEnv):
         if w.proposes_answer and (w.kind == "llm" or verdict in w.answer_verdicts):
             assert self.task is not None
             answer = self.family.verify(self.task, text).extracted
-        self.transcript.append(
-            {
-                "worker": agent,
-                "instruction": self.pending[1],
-                "text": text,
-                "verdict": verdict,
-                "answer": answer,
-                "tokens": tokens,
-                "proposes_answer": w.proposes_answer,
-            }
-        )
+        entry: dict[str, Any] = {
+            "worker": agent,
+            "instruction": self.pending[1],
+            "text": text,
+            "verdict": verdict,
+            "answer": answer,
+            "tokens": tokens,
+            "proposes_answer": w.proposes_answer,
+        }
+        if self.pending_text is not None:  # the conductor's own words (the declared name above is the nearest one)
+            entry["instruction_text"] = self.pending_text
+        self.transcript.append(entry)
         vec["token_cost"] = -tokens / 100.0
         if verdict in ("pass", "fail") and self._has_candidate():
             vec["progress"] = 1.0 if verdict == "pass" else -1.0
         if w.proposes_answer and w.kind == "llm" and answer is None:
             vec["format"] = -1.0
         self.pending = None
+        self.pending_text = None
         self.turn += 1
         self.agent_selection = CONDUCTOR
         if self.turn >= self.config.max_turns and not self._has_candidate():
@@ -311,7 +373,8 @@ class TeamEnv(AECEnv):
         lines = [f"task {self.task.id}: {self.task.prompt}", f"turn {self.turn}/{self.config.max_turns}"]
         for m in self.transcript:
             tag = f" [{m['verdict']}]" if m["verdict"] else ""
-            lines.append(f"  {m['worker']} ({m['instruction']}){tag}: {m['text'][:200]!r}")
+            said = f" {m['instruction_text']!r}" if m.get("instruction_text") else ""
+            lines.append(f"  {m['worker']} ({m['instruction']}{said}){tag}: {m['text'][:200]!r}")
         if self.final_verdict is not None:
             lines.append(f"submitted: score {self.final_verdict.score} ({self.final_verdict.reason})")
         return "\n".join(lines)

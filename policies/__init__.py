@@ -1,7 +1,7 @@
 """Conductor policies: rule-based schedulers now; learned conductors (d3rlpy, SB3) build on the same contract."""
 
 from policies.base import ConductorPolicy, PolicyError, first_legal
-from policies.human import HumanConductor
+from policies.human import HumanConductor, QuitSession
 from policies.rule_based import (
     HeuristicConductor,
     HeuristicRules,
@@ -21,6 +21,7 @@ __all__ = [
     "HumanConductor",
     "PipelineConductor",
     "PolicyError",
+    "QuitSession",
     "RandomConductor",
     "RoundRobinConductor",
     "first_legal",

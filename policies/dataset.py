@@ -122,6 +122,11 @@ class ConductorDataset:
     # ``requires``); empty when unknown (datasets saved before they existed): no preconditions
     action_requires: list[str] = field(default_factory=list)
     give_up: bool = False  # the team lets submit end an episode before any candidate exists
+    # per row, the conductor's own instruction text when it wrote one (``envs.Instruct``: a human expert's, an
+    # instruction-writing LLM's), else None; ``actions`` holds the nearest declared instruction's id either way.
+    # Empty = none in the data (datasets saved before this field existed, too)
+    instruction_texts: list[str | None] = field(default_factory=list)
+    instruction_similarity: list[float | None] = field(default_factory=list)
 
     # -- shape -----------------------------------------------------------------------------------
     @property
@@ -155,6 +160,10 @@ class ConductorDataset:
             sources=self.sources,
             action_requires=self.action_requires,
             give_up=self.give_up,
+            instruction_texts=[self.instruction_texts[int(r)] for r in rows] if self.instruction_texts else [],
+            instruction_similarity=[self.instruction_similarity[int(r)] for r in rows]
+            if self.instruction_texts
+            else [],
         )
 
     def select_features(self, which: FeatureSet) -> ConductorDataset:
@@ -270,6 +279,16 @@ class ConductorDataset:
                 "return_p50": round(float(np.median(r)), 4),
                 "return_max": round(float(r.max()), 4),
             }
+        own = [
+            {
+                "text": text,
+                "action": int(self.actions[i]),
+                "label": self.action_labels[int(self.actions[i])],
+                "similarity": self.instruction_similarity[i],
+            }
+            for i, text in enumerate(self.instruction_texts)
+            if text is not None
+        ]
         return {
             "team": self.team,
             "episodes": len(self.episodes),
@@ -281,6 +300,7 @@ class ConductorDataset:
             "truncated_episodes": sum(i.truncated for i in self.episodes),
             "action_histogram": {self.action_labels[a]: hist.get(a, 0) for a in range(self.num_actions)},
             "per_conductor": per_conductor,
+            "own_instructions": own,
             "weights": self.weights,
             "sources": self.sources,
         }
@@ -302,6 +322,8 @@ class ConductorDataset:
             "sources": self.sources,
             "action_requires": self.action_requires,
             "give_up": self.give_up,
+            "instruction_texts": self.instruction_texts,
+            "instruction_similarity": self.instruction_similarity,
             "episodes": [asdict(i) for i in self.episodes],
             "states": self.states,
         }
@@ -350,11 +372,15 @@ class ConductorDataset:
                 sources=header["sources"],
                 action_requires=header.get("action_requires", []),
                 give_up=bool(header.get("give_up", False)),
+                instruction_texts=list(header.get("instruction_texts", [])),
+                instruction_similarity=list(header.get("instruction_similarity", [])),
             )
             n, width = ds.observations.shape
             rows = (ds.actions, ds.rewards, ds.terminals, ds.timeouts, ds.masks, ds.episode_index)
             consistent = all(len(a) == n for a in rows) and ds.masks.shape[1:] == (len(ds.action_labels),)
             consistent = consistent and width == len(ds.feature_names) and len(ds.states) == n
+            texts = (ds.instruction_texts, ds.instruction_similarity)
+            consistent = consistent and all(len(t) in (0, n) for t in texts)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise DatasetError(f"{path}: damaged dataset header or arrays ({type(e).__name__}: {e})") from e
         if not consistent:
@@ -416,6 +442,8 @@ def build_dataset(
     terminals: list[float] = []
     timeouts: list[float] = []
     masks: list[list[int]] = []
+    texts: list[str | None] = []
+    sims: list[float | None] = []
     ep_index: list[int] = []
     final_states: list[dict[str, Any]] = []
     infos: list[EpisodeInfo] = []
@@ -460,6 +488,8 @@ def build_dataset(
             terminals.append(float(st.terminated))
             timeouts.append(float(st.truncated and not st.terminated))
             masks.append(st.action_mask)
+            texts.append(st.action.text)
+            sims.append(st.action.similarity)
             ep_index.append(idx)
         final_states.append(final_state)
         infos.append(
@@ -498,6 +528,8 @@ def build_dataset(
         sources=sources,
         action_requires=action_requires(config),
         give_up=config.give_up,
+        instruction_texts=texts if any(t is not None for t in texts) else [],
+        instruction_similarity=sims if any(t is not None for t in texts) else [],
     )
 
 

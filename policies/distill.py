@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from policies.base import ConductorPolicy, PolicyError
+from policies.base import ConductorPolicy, PolicyError, action_id
 from trajectories.durable import atomic_path
 
 FeatureSet = Literal["structural", "all"]
@@ -390,7 +390,7 @@ def labels_from_conductor(
     for i in range(n):
         if i == 0 or (ep is not None and ep[i] != ep[i - 1]):
             conductor.reset(reset_seed)
-        out[i] = conductor.act(obs[i], masks[i], states[i] if states is not None else None)
+        out[i] = action_id(conductor.act(obs[i], masks[i], states[i] if states is not None else None), conductor.name)
     return out
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.team_env import Instruct
 from policies.base import ConductorPolicy, PolicyError
 
 
@@ -32,8 +33,8 @@ class EpsilonGreedyConductor:
         self.base.reset(seed)
         self._rng = np.random.default_rng([self._seed, 0 if seed is None else seed, 0xE95])
 
-    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int:
-        a = int(self.base.act(obs, action_mask, state))  # always ask: stateful bases keep counting
+    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int | Instruct:
+        a = self.base.act(obs, action_mask, state)  # always ask: stateful bases keep counting
         if self._rng.random() < self.epsilon:
             legal = np.flatnonzero(action_mask)
             if legal.size:

@@ -105,6 +105,7 @@ def test_human_conductor_reads_choices_and_rejects_bad_input() -> None:
     state = {"task": {"id": "x", "prompt": "What is 2+2?"}, "turn": 0, "max_turns": 6, "transcript": []}
     assert human.act(np.zeros(3), mask, state) == CFG.action_id("calculator", "check")
     shown = out.getvalue()
-    assert "What is 2+2?" in shown and "not one of the legal actions" in shown
+    assert "What is 2+2?" in shown and "'9' is not an action number (1 to 2)" in shown
+    assert "'bogus' is not a legal action" in shown
     with pytest.raises(PolicyError, match="input closed"):
         HumanConductor(CFG, stdin=io.StringIO(""), stdout=io.StringIO()).act(np.zeros(3), mask, state)

@@ -306,12 +306,19 @@ class Action(_Record):
 
     ``kind == "submit"`` has no worker and no instruction; ``kind == "worker"`` names the worker
     (the instruction may be None for teams without an instruction menu).
+
+    An instruction in the conductor's own words (a human expert's, an instruction-writing LLM's: ``envs.Instruct``)
+    keeps its ``text``; ``id`` and ``instruction`` are then the nearest declared instruction, the discrete action
+    learners train on, and ``similarity`` is the cosine similarity of the two under the team's encoder. Both fields
+    are left out of the JSON when absent, so files without free-text instructions read as they always did.
     """
 
     id: int
     kind: ActionKind
     worker: str | None = None
     instruction: str | None = None
+    text: str | None = None
+    similarity: float | None = None
 
     def __post_init__(self) -> None:
         _set(self, "id", _int(self.id, "id", minimum=0))
@@ -321,8 +328,25 @@ class Action(_Record):
         if self.kind == "submit":
             if self.worker is not None or self.instruction is not None:
                 raise SchemaError("worker", "a submit action has worker=None and instruction=None")
+            if self.text is not None:
+                raise SchemaError("text", "a submit action carries no instruction text")
         else:
             _str(self.worker, "worker", nonempty=True)
+        if self.text is not None:
+            _str(self.text, "text", nonempty=True)
+            if self.similarity is None:
+                raise SchemaError("similarity", "an action with an instruction text needs its similarity")
+        if self.similarity is not None:
+            if self.text is None:
+                raise SchemaError("similarity", "a similarity without an instruction text")
+            _set(self, "similarity", _float(self.similarity, "similarity"))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        for k in ("text", "similarity"):
+            if d.get(k) is None:
+                d.pop(k, None)
+        return d
 
     @property
     def label(self) -> str:
@@ -554,6 +578,10 @@ class Episode(_Record):
         d = super().to_dict()
         if d.get("error") is None:
             d.pop("error", None)
+        for step in d["steps"]:  # as Action.to_dict: no free-text instruction, no keys for it
+            for k in ("text", "similarity"):
+                if step["action"].get(k) is None:
+                    step["action"].pop(k, None)
         return d
 
     @property

@@ -12,16 +12,22 @@ server (HTTP) are never cached: its seed handling is not ours to vouch for.
 
 Storage is one table in a SQLite file in WAL mode (https://www.sqlite.org/wal.html): readers never
 block each other nor the writer, so several rollout workers (threads or processes) may share a file.
+
+A cache travels as xz-compressed JSONL shards (:func:`export_responses`, :func:`import_responses`; ``orchestra cache
+export | import``): one stored reply per line, exactly as stored, so importing a shard makes a fresh clone replay
+those requests as the machine that exported them generated them. ``results/responses/`` holds the shards of the
+README's phase-1 run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -130,6 +136,22 @@ class ResponseCache:
     def __len__(self) -> int:
         return int(self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
+    def rows(self) -> Iterator[tuple[str, str, str, float]]:
+        """Every stored (key, model_id, completion JSON, created), oldest first."""
+        yield from self._conn().execute(
+            "SELECT key, model_id, completion, created FROM responses ORDER BY created, key"
+        )
+
+    def put_raw(self, rows: Sequence[tuple[str, str, str, float]]) -> int:
+        """Store rows as :meth:`rows` gives them, keeping what is already there; the number added."""
+        conn = self._conn()
+        before = conn.total_changes
+        conn.executemany(
+            "INSERT OR IGNORE INTO responses (key, model_id, completion, created) VALUES (?, ?, ?, ?)", rows
+        )
+        conn.commit()
+        return conn.total_changes - before
+
     def close(self) -> None:
         with self._lock:
             for conn in self._conns:
@@ -224,3 +246,64 @@ class CachedBackend:
             self.bypassed += bypassed
         assert all(c is not None for c in out)
         return [c for c in out if c is not None]
+
+
+class ShardError(ValueError):
+    """A response shard that cannot be read; the message names the file and line."""
+
+
+def shard_keys(path: str | Path) -> set[str]:
+    """The keys a shard holds."""
+    return {key for key, *_ in read_shard(path)}
+
+
+def read_shard(path: str | Path) -> Iterator[tuple[str, str, str, float]]:
+    """The rows of an ``.jsonl.xz`` shard, each checked (a damaged line is a :class:`ShardError` naming it)."""
+    path = Path(path)
+    try:
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    d = json.loads(line)
+                    key, model_id, created = d["key"], d["model_id"], float(d["created"])
+                    completion = json.dumps(d["completion"], ensure_ascii=False)
+                    completion_from_dict(d["completion"])  # the stored format: text, token ids, ... all present
+                    if not (isinstance(key, str) and len(key) == 64 and isinstance(model_id, str)):
+                        raise ValueError("key must be a sha256 hex string and model_id a string")
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ShardError(f"{path}:{n}: not a response record ({type(e).__name__}: {e})") from None
+                yield key, model_id, completion, created
+    except (lzma.LZMAError, EOFError, UnicodeDecodeError) as e:
+        raise ShardError(f"{path}: not an xz-compressed JSONL response shard ({e})") from None
+
+
+def export_responses(cache: ResponseCache, out: str | Path, exclude: Sequence[str | Path] = ()) -> int:
+    """Write every stored reply that no shard in ``exclude`` holds to ``out`` (``.jsonl.xz``, written whole to a
+    temporary file, then renamed); the number written."""
+    out = Path(out)
+    if not out.name.endswith(".jsonl.xz"):
+        raise ShardError(f"{out}: a response shard is named *.jsonl.xz")
+    skip: set[str] = set()
+    for p in exclude:
+        skip |= shard_keys(p)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    n = 0
+    with lzma.open(tmp, "wt", encoding="utf-8", preset=9) as f:
+        for key, model_id, completion, created in cache.rows():
+            if key in skip:
+                continue
+            row = {"key": key, "model_id": model_id, "created": created, "completion": json.loads(completion)}
+            f.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+            n += 1
+    tmp.replace(out)
+    return n
+
+
+def import_responses(cache: ResponseCache, paths: Sequence[str | Path]) -> tuple[int, int]:
+    """Add the replies of shards to ``cache`` (a reply already stored is kept): (added, read). Every shard is read
+    and checked before anything is stored, so a damaged one adds nothing."""
+    rows = [row for p in paths for row in read_shard(p)]
+    return cache.put_raw(rows), len(rows)

@@ -68,20 +68,46 @@ def _trajectories(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(q, ExportConfig, [Opt("path", positional=True), "to", "table"])
 
 
+def _cache(p: argparse.ArgumentParser, epilog: str) -> None:
+    csub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    where = "response cache file (default: $ORCHESTRA_CACHE_DIR/responses.sqlite)"
+    q = csub.add_parser("stats", help="how many replies the cache holds, per model")
+    q.add_argument("--cache", default=None, help=where)
+    q = csub.add_parser("export", help="write the cached replies to an xz-compressed JSONL shard")
+    q.add_argument("--out", required=True, help="shard file, *.jsonl.xz")
+    q.add_argument("--exclude", nargs="*", default=[], help="shards whose replies are left out (ship only what is new)")
+    q.add_argument("--cache", default=None, help=where)
+    q = csub.add_parser("import", help="add the replies of shards to the cache (a fresh clone then replays them)")
+    q.add_argument("shards", nargs="+", help="*.jsonl.xz shards (e.g. results/responses/*.jsonl.xz)")
+    q.add_argument("--cache", default=None, help=where)
+
+
 def _nothing(p: argparse.ArgumentParser, epilog: str) -> None:
     """A command without options."""
 
 
 _CONDUCTOR_HELP = (
-    "round_robin | random | pipeline | heuristic | human | llm | LABEL:CHECKPOINT; several, comma-separated, each run "
-    "on the same tasks (mixed-source data)"
+    "round_robin | random | pipeline | heuristic | human | llm | llm_instruct | LABEL:CHECKPOINT; several, "
+    "comma-separated, each run on the same tasks (mixed-source data)"
 )
 
 
 def _cmd_record(a: argparse.Namespace) -> int:
-    from orchestra.jobs.record import RecordConfig, record
+    from orchestra.jobs.record import RecordConfig, record, run_paths
+    from policies import QuitSession
+    from trajectories import read_trajectories
 
-    res = record(build(RecordConfig, a), a.out, resume=a.resume)
+    cfg = build(RecordConfig, a)
+    try:
+        res = record(cfg, a.out, resume=a.resume)
+    except QuitSession:
+        path = run_paths(a.out)[0]
+        kept = len(read_trajectories(path).episodes) if path.exists() else 0
+        print(
+            f"\nsession stopped: {kept} completed episode(s) kept in {path}; the same command with --resume "
+            "continues with the next task"
+        )
+        return 0
     m = res.metrics
     print(
         f"recorded {len(res.episodes)} episodes ({res.skipped} already there) → {res.trajectories}\n"
@@ -136,6 +162,28 @@ def _cmd_trajectories(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cache(a: argparse.Namespace) -> int:
+    from collections import Counter
+    from pathlib import Path
+
+    from orchestra.backends.cache import ResponseCache, export_responses, import_responses
+    from orchestra.runtime.workers import default_cache_path
+
+    cache = ResponseCache(Path(a.cache) if a.cache else default_cache_path())
+    if a.action == "stats":
+        per_model = Counter(model for _, model, _, _ in cache.rows())
+        print(f"{cache.path}: {len(cache)} replies")
+        for model, n in per_model.most_common():
+            print(f"  {n:8d}  {model}")
+    elif a.action == "export":
+        n = export_responses(cache, a.out, a.exclude)
+        print(f"wrote {n} replies of {len(cache)} to {a.out}")
+    else:
+        added, read = import_responses(cache, a.shards)
+        print(f"imported {added} new replies ({read - added} already cached) into {cache.path}")
+    return 0
+
+
 def _cmd_teams(a: argparse.Namespace) -> int:
     from orchestra.jobs.inspect import team_lines
 
@@ -154,6 +202,7 @@ COMMANDS = {
     "record": Command("record trajectories of a team under a conductor", _record, _cmd_record),
     "evaluate": Command("compare conductors on the same held-out tasks", _evaluate, _cmd_evaluate),
     "trajectories": Command("inspect and export trajectory files", _trajectories, _cmd_trajectories),
+    "cache": Command("the response cache: stats, export to / import from shards", _cache, _cmd_cache),
     "teams": Command("list the built-in teams", _nothing, _cmd_teams),
     "families": Command("list the task families", _nothing, _cmd_families),
 }

@@ -34,7 +34,7 @@ from orchestra.runtime.conductor_gym import Approval, ConductorGymEnv, SafetyRai
 from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.session import Session
 from policies import RULE_BASED
-from policies.base import ConductorPolicy
+from policies.base import ConductorPolicy, action_id
 from policies.checkpoint import META_FILE, ConductorMeta, load_conductor, team_layout
 from policies.dataset import ConductorDataset
 from policies.online import CHECKPOINT_DIR, PPOConfig, train_ppo
@@ -135,7 +135,7 @@ def collect_decisions(env: ConductorGymEnv, teacher: ConductorPolicy, episodes: 
         done = False
         while not done:
             mask = env.action_masks().astype(np.int8)
-            a = int(teacher.act(obs, mask, info["state"]))
+            a = action_id(teacher.act(obs, mask, info["state"]), teacher.name)
             obs_l.append(obs)
             act_l.append(a)
             mask_l.append(mask)

@@ -3,10 +3,13 @@ directory holding the resolved config and the metrics (CSV + JSONL)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -99,8 +102,43 @@ def planned_jobs(cfg: RecordConfig, session: Session) -> dict[str, list[EpisodeJ
     return out
 
 
+@contextlib.contextmanager
+def screen_to_log(log: Path) -> Iterator[None]:
+    """Everything written to the process's stderr (library progress bars such as "Loading weights", warnings,
+    llama.cpp's C-level logs) goes to ``log`` while a person works at the terminal; restored on the way out, so an
+    error is still printed where they see it."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with log.open("ab") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def is_interactive(cfg: RecordConfig) -> bool:
+    """A person conducts (``--conductor human``): one episode at a time and a quiet screen."""
+    return any(split_spec(spec)[0] == "human" for spec in cfg.conductor_specs())
+
+
 def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Session | None = None) -> RecordResult:
-    """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly."""
+    """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly.
+
+    With a human conductor the session's screen holds only the conversation: the progress bar is off and the
+    libraries' output goes to ``RUN_DIR/session.log``. ``policies.QuitSession`` (the expert's ``q``) propagates
+    after every completed episode is on disk."""
+    if is_interactive(cfg):
+        cfg = replace(cfg, run=replace(cfg.run, progress=False))
+        with screen_to_log(run_paths(out)[1] / "session.log"):
+            return _record(cfg, out, resume, session)
+    return _record(cfg, out, resume, session)
+
+
+def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session | None) -> RecordResult:
     traj_path, run_dir = run_paths(out)
     session = session or Session.of(cfg.team, cfg.family, cfg.run)
     team, family = session.team, session.family
@@ -118,6 +156,9 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
             todo = [j for j in jobs if j.episode_id not in writer.done_ids]
             skipped += len(jobs) - len(todo)
             base = conductor_factory(spec, team, seed, session.backends())
+            plan = getattr(base(), "plan", None)  # a person is told where the recording stands (HumanConductor)
+            if plan is not None:
+                plan(len(jobs) - len(todo), len(jobs))
             factory = base
             if cfg.epsilon > 0:
                 factory = partial(_exploring, base, cfg.epsilon, seed)

@@ -45,7 +45,7 @@ COLLAPSE_SHARE = 0.9  # "collapsed": one action sequence covers at least 90% of 
 Stat = Callable[..., Any]  # a reduction taking ``axis=``, as np.mean
 
 
-MODEL_CONDUCTORS = ("llm", "human")  # conductors that are neither rules nor learned from the logs
+MODEL_CONDUCTORS = ("llm", "llm_instruct", "human")  # conductors that are neither rules nor learned from the logs
 
 
 def is_rule_based(conductor: str, checkpoint: str | None = None) -> bool:

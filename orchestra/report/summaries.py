@@ -38,6 +38,11 @@ def format_episode(ep: Episode) -> str:
     for st in ep.steps:
         label = "submit" if st.action.kind == "submit" else f"{st.action.worker}:{st.action.instruction}"
         lines.append(f"[t={st.t}] conductor → {label}   reward {st.reward.scalar:+.3f} {st.reward.named}")
+        if st.action.text is not None:  # the conductor's own words; the label above is the nearest declared action
+            lines.append(
+                f'    own instruction: "{st.action.text}" (mapped to {st.action.label}, action {st.action.id}, '
+                f"cos {st.action.similarity:.2f})"
+            )
         if st.message is not None:
             tag = f" [{st.message.verdict}]" if st.message.verdict else ""
             lines.append(
@@ -54,8 +59,17 @@ def format_dataset_summary(s: dict[str, Any]) -> str:
         f"observation {s['observation_size']} floats, {s['num_actions']} actions, "
         f"success {100 * s['success_rate']:.1f}%, {s['truncated_episodes']} truncated",
         "actions: " + ", ".join(f"{k} {v}" for k, v in s["action_histogram"].items() if v),
-        "per source conductor:",
     ]
+    own = s.get("own_instructions", [])
+    if own:
+        lines.append(
+            f"instructions in the conductor's own words: {len(own)}, each kept and mapped to a discrete action:"
+        )
+        for o in own[:10]:
+            lines.append(f'  "{o["text"]}" → {o["label"]} (action {o["action"]}, cos {o["similarity"]:.2f})')
+        if len(own) > 10:
+            lines.append(f"  ... and {len(own) - 10} more")
+    lines.append("per source conductor:")
     for name, c in s["per_conductor"].items():
         lines.append(
             f"  {name:22s} {c['episodes']:4d} ep  success {100 * c['success_rate']:5.1f}%  return "

@@ -22,7 +22,8 @@ from policies import (
     RoundRobinConductor,
 )
 
-CONDUCTOR_NAMES = ("round_robin", "random", "pipeline", "heuristic", "human", "llm")
+# llm_instruct: the LLM speaker-selector that may also write its own instruction (``solver: <text>``)
+CONDUCTOR_NAMES = ("round_robin", "random", "pipeline", "heuristic", "human", "llm", "llm_instruct")
 RULE_TYPES = ("round_robin", "pipeline", "heuristic")  # the deterministic rules a team file may name
 
 
@@ -108,16 +109,27 @@ def conductor_factory(
             HeuristicConductor(cfg, rules)
             return lambda: HeuristicConductor(cfg, rules)
         if kind == "human":
-            return lambda: HumanConductor(cfg)
-        if kind == "llm":
+            person = HumanConductor(cfg)  # one expert for the whole session: the tally spans its episodes
+            return lambda: person
+        if kind in ("llm", "llm_instruct"):
+            writes = kind == "llm_instruct"
+            # llm_instruct takes the llm conductor's settings (conductors.llm in the team file) unless it has its own
+            if writes and not opts:
+                opts = _options(team, "llm")
+                opts.pop("type", None)
+                where = f"{team.path}: conductors.llm"
             key = opts.get("backend")
             if key is None:
                 raise PolicyError(f"{where}.backend: name the backend the LLM conductor uses")
             if key not in team.backends:
                 raise PolicyError(f"{where}.backend: unknown backend {key!r} (declared: {sorted(team.backends)})")
             backend = (backends or {}).get(key) or make_backend(dict(team.backends[key]))
-            params = GenerationParams(max_tokens=int(opts.get("max_tokens", 12)), temperature=0.0, stop=("\n",))
-            shared = LLMConductor(cfg, backend, params)  # stateless between episodes; share the counters
+            default_tokens = 40 if writes else 12  # a written instruction needs room
+            params = GenerationParams(
+                max_tokens=int(opts.get("max_tokens", default_tokens)), temperature=0.0, stop=("\n",)
+            )
+            # stateless between episodes; share the counters
+            shared = LLMConductor(cfg, backend, params, write_instructions=writes)
             return lambda: shared
     except TypeError as e:
         raise PolicyError(f"{where}: {e}") from e

@@ -4,6 +4,11 @@ The model sees the task, the transcript and the list of legal moves ("solver:sol
 and answers with one of them. Its reply is matched leniently (the first legal label, then the first
 worker name mentioned); an unparseable reply falls back to the first legal action and is counted in
 ``parse_failures`` — never guessed silently.
+
+With ``write_instructions`` (the ``llm_instruct`` conductor) it may instead address an LLM worker in its own words,
+``solver: add the two prices first``, as learned conductors in the literature emit a worker id plus a
+natural-language subtask: the reply becomes an :class:`envs.team_env.Instruct`, recorded like a human expert's
+(the text, and the nearest declared instruction as the discrete action). ``written`` counts those replies.
 """
 
 from __future__ import annotations
@@ -15,12 +20,18 @@ from typing import Any
 import numpy as np
 
 from envs.config import TeamEnvConfig
+from envs.team_env import Instruct
 from orchestra.backends.base import Backend, ChatMessage, GenerationParams, GenerationRequest
 from policies.base import PolicyError, first_legal
 
 SYSTEM_PROMPT = (
     "You coordinate a team. You pick who acts next, or submit the team's answer when it is ready. "
     "Reply with exactly one move from the list, nothing else."
+)
+WRITING_PROMPT = (
+    "You coordinate a team. You pick who acts next and tell them what to do, or submit the team's answer when it is "
+    "ready. Reply with one move from the list, or with a worker's name, a colon and a short instruction in your own "
+    "words (for example 'solver: add the two prices first, then subtract the discount'). Nothing else."
 )
 
 
@@ -31,12 +42,18 @@ class LLMConductor:
         backend: Backend,
         params: GenerationParams | None = None,
         max_message_chars: int = 400,
+        write_instructions: bool = False,
     ) -> None:
-        self.config, self.backend, self.name = config, backend, "llm"
-        self.params = params or GenerationParams(max_tokens=12, temperature=0.0, stop=("\n",))
+        self.write_instructions = write_instructions
+        self.config, self.backend = config, backend
+        self.name = "llm_instruct" if write_instructions else "llm"
+        self.params = params or GenerationParams(
+            max_tokens=40 if write_instructions else 12, temperature=0.0, stop=("\n",)
+        )
         self.max_message_chars = max_message_chars
         self.parse_failures = 0
         self.decisions = 0
+        self.written = 0  # replies that were an instruction in the model's own words
 
     def reset(self, seed: int | None = None) -> None:
         pass
@@ -51,8 +68,27 @@ class LLMConductor:
             lines.append("")
         lines.append(f"Turns used: {state['turn']} of {state['max_turns']}.")
         lines.append("Moves: " + ", ".join(self.config.action_label(a) for a in legal))
+        if self.write_instructions:
+            llm = [w.name for w in self.config.workers if w.kind == "llm"]
+            lines.append("Or write your own instruction to one of: " + ", ".join(llm) + " (as 'name: instruction').")
         lines.append("Next move:")
-        return (ChatMessage("system", SYSTEM_PROMPT), ChatMessage("user", "\n".join(lines)))  # type: ignore[return-value]
+        system = WRITING_PROMPT if self.write_instructions else SYSTEM_PROMPT
+        return (ChatMessage("system", system), ChatMessage("user", "\n".join(lines)))  # type: ignore[return-value]
+
+    def parse_instruction(self, text: str, legal: list[int]) -> Instruct | None:
+        """``worker: free text`` addressed to an LLM worker that may act now, unless the text is a declared move."""
+        m = re.match(r"\s*[\[\"'`*]*([A-Za-z_][\w-]*)[\]\"'`*]*\s*:\s*(.+)", text)
+        if m is None:
+            return None
+        worker, said = m.group(1), m.group(2).strip().strip("\"'`*").strip()
+        spec = next((w for w in self.config.workers if w.name.lower() == worker.lower()), None)
+        if spec is None or spec.kind != "llm" or not said:
+            return None
+        if not any(self.config.decode_action(a)[0] == spec.name for a in legal):
+            return None
+        if said.lower().rstrip(".") in (ins.lower() for ins in spec.instructions):
+            return None  # "solver: solve" is the declared move, not an instruction of its own
+        return Instruct(spec.name, said)
 
     def parse(self, text: str, legal: list[int]) -> int | None:
         low = text.lower()
@@ -67,7 +103,7 @@ class LLMConductor:
                         return a
         return None
 
-    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int:
+    def act(self, obs: np.ndarray, action_mask: np.ndarray, state: Mapping[str, Any] | None = None) -> int | Instruct:
         if state is None:
             raise PolicyError("llm conductor needs the structured state (infos['conductor']['state'])")
         legal = [int(a) for a in np.flatnonzero(action_mask)]
@@ -75,6 +111,11 @@ class LLMConductor:
             [GenerationRequest(messages=tuple(self.prompt(state, legal)), params=self.params)]
         )[0]
         self.decisions += 1
+        if self.write_instructions:
+            own = self.parse_instruction(completion.text, legal)
+            if own is not None:
+                self.written += 1
+                return own
         a = self.parse(completion.text, legal)
         if a is None:
             self.parse_failures += 1

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from envs.tasks.base import Task, TaskFamily
-from envs.team_env import CONDUCTOR, TeamEnv
+from envs.team_env import CONDUCTOR, Instruct, TeamEnv
 from orchestra.backends.base import BackendError, Completion, Failure, generate_settled
 from orchestra.runtime.team_file import TeamSpec
 from orchestra.runtime.workers import Worker
@@ -160,7 +160,9 @@ class RolloutEngine:
         on_episode: Callable[[Episode], None] | None = None,
     ) -> list[Episode]:
         queue = list(jobs)[::-1]
-        slots: list[_Slot | None] = [None] * min(self.num_envs, max(len(queue), 1))
+        # a person (HumanConductor.interactive) plays one episode at a time: never two tasks interleaved
+        width = 1 if getattr(self.conductor_factory(), "interactive", False) else self.num_envs
+        slots: list[_Slot | None] = [None] * min(width, max(len(queue), 1))
         done: list[Episode] = []
         t_start = time.perf_counter()
         bar = tqdm(
@@ -177,7 +179,7 @@ class RolloutEngine:
                         ep = self._advance_conductor(s)
                         if ep is not None:
                             slots[i] = None
-                            self._finish(ep, writer, on_episode, done, bar, t_start)
+                            self._finish(ep, s, writer, on_episode, done, bar, t_start)
                 # 2) one batched generate call per backend for every waiting worker
                 groups: dict[int, list[tuple[int, _Slot, Worker]]] = defaultdict(list)
                 for i, s in enumerate(slots):
@@ -209,7 +211,7 @@ class RolloutEngine:
                             ep = self._worker_turn(s, w, c)
                         if ep is not None:
                             slots[i] = None
-                            self._finish(ep, writer, on_episode, done, bar, t_start)
+                            self._finish(ep, s, writer, on_episode, done, bar, t_start)
         finally:
             bar.close()
         self.stats.wall_s += time.perf_counter() - t_start
@@ -237,7 +239,14 @@ class RolloutEngine:
             obs = env.observe(CONDUCTOR)
             state = env.infos[CONDUCTOR]["state"]
             mask = obs["action_mask"]
-            a = int(s.conductor.act(obs["observation"], mask, state))
+            choice = s.conductor.act(obs["observation"], mask, state)
+            if isinstance(choice, Instruct):  # the conductor's own words: recorded with the nearest declared action
+                mapped = env.map_instruction(choice.worker, choice.text)
+                a, text, similarity = mapped.action, choice.text.strip(), mapped.similarity
+                step_action: Instruct | int = choice
+            else:
+                a, text, similarity = int(choice), None, None
+                step_action = a
             worker, instruction = env.config.decode_action(a)
             s.pending = {
                 "t": len(s.steps),
@@ -245,10 +254,15 @@ class RolloutEngine:
                 "observation": obs["observation"],
                 "action_mask": mask,
                 "action": Action(
-                    id=a, kind="submit" if worker is None else "worker", worker=worker, instruction=instruction
+                    id=a,
+                    kind="submit" if worker is None else "worker",
+                    worker=worker,
+                    instruction=instruction,
+                    text=text,
+                    similarity=similarity,
                 ),
             }
-            env.step(a)
+            env.step(step_action)
             s.pending["vec"] = dict(env.step_reward_vector)
             if worker is None:
                 self._close_step(s, None)
@@ -359,6 +373,7 @@ class RolloutEngine:
     def _finish(
         self,
         ep: Episode,
+        s: _Slot,
         writer: TrajectoryWriter | None,
         on_episode: Callable[[Episode], None] | None,
         done: list[Episode],
@@ -367,6 +382,9 @@ class RolloutEngine:
     ) -> None:
         if writer is not None:
             writer.write(ep)
+        episode_end = getattr(s.conductor, "episode_end", None)  # a person sees the outcome (HumanConductor)
+        if episode_end is not None:
+            episode_end(ep)
         if on_episode is not None:
             on_episode(ep)
         done.append(ep)
