@@ -174,6 +174,17 @@ def test_the_instruction_writing_llm_conductor_sends_its_own_words() -> None:
     assert eps[0].steps[0].state["transcript"] == []
     assert eps[0].metadata["final_state"]["transcript"][0]["instruction_text"] == "add the numbers first"
     assert "own instruction" in backend.prompts[0] and llm.written == 1
+    assert llm.counters() == {
+        "conductor/decisions": 2,
+        "conductor/unparsed_replies": 0,
+        "conductor/own_instructions": 1,
+    }
+    # a reply that is neither a move nor an instruction (what SmolLM2-135M mostly says: it answers the task) takes
+    # the first legal action, and is counted as such
+    lost = LLMConductor(TEAM.env, Replies(["The answer is 12."]), write_instructions=True)  # type: ignore[arg-type]
+    env = fresh_env()
+    assert lost.act(np.zeros(1), env.action_mask(), env.state_dict()) == int(np.flatnonzero(env.action_mask())[0])
+    assert lost.counters()["conductor/unparsed_replies"] == 1
     # declared moves still parse as moves; a tool or a worker that cannot act now is not addressed in free text
     legal = [int(a) for a in np.flatnonzero(fresh_env().action_mask())]
     assert llm.parse_instruction("solver: solve", legal) is None
@@ -185,3 +196,34 @@ def test_the_instruction_writing_llm_conductor_sends_its_own_words() -> None:
     assert plain.act(np.zeros(1), fresh_env().action_mask(), fresh_env().state_dict()) == TEAM.env.action_id(
         "solver", "solve"
     )
+
+
+@pytest.mark.slow
+def test_llm_conductors_share_the_workers_model_and_cache(tmp_path: Path) -> None:
+    from orchestra.backends.cache import CachedBackend
+    from orchestra.runtime.conductors import conductor_factory
+    from orchestra.runtime.session import Session
+
+    session = Session("arithmetic", None, use_cache=True, cache_path=str(tmp_path / "c.sqlite"))
+    shared = session.workers["solver"].backend
+    assert isinstance(shared, CachedBackend)
+    for name in ("llm", "llm_instruct"):
+        conductor = conductor_factory(name, session.team, 0, session.backends())()
+        assert isinstance(conductor, LLMConductor) and conductor.backend is shared  # not a second, uncached model
+
+
+def test_the_action_record_checks_its_instruction_text() -> None:
+    from trajectories import Action, SchemaError
+
+    ok = Action(id=0, kind="worker", worker="solver", instruction="solve", text=OWN, similarity=0.2)
+    assert Action.from_dict(json.loads(json.dumps(ok.to_dict()))) == ok
+    plain = Action(id=0, kind="worker", worker="solver", instruction="solve")
+    assert "text" not in plain.to_dict() and "similarity" not in plain.to_dict()
+    with pytest.raises(SchemaError, match="similarity: an action with an instruction text needs its similarity"):
+        Action(id=0, kind="worker", worker="solver", instruction="solve", text=OWN)
+    with pytest.raises(SchemaError, match="text: a submit action carries no instruction text"):
+        Action(id=9, kind="submit", text=OWN, similarity=0.1)
+    with pytest.raises(SchemaError, match="text: expected a non-empty str"):
+        Action(id=0, kind="worker", worker="solver", instruction="solve", text="", similarity=0.1)
+    with pytest.raises(SchemaError, match="similarity: a similarity without an instruction text"):
+        Action(id=0, kind="worker", worker="solver", instruction="solve", similarity=0.1)

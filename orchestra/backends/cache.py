@@ -15,8 +15,8 @@ block each other nor the writer, so several rollout workers (threads or processe
 
 A cache travels as xz-compressed JSONL shards (:func:`export_responses`, :func:`import_responses`; ``orchestra cache
 export | import``): one stored reply per line, exactly as stored, so importing a shard makes a fresh clone replay
-those requests as the machine that exported them generated them. ``results/responses/`` holds the shards of the
-README's phase-1 run.
+those requests as the machine that exported them generated them. ``docs/results/responses/`` holds the shards of
+the README's phase-1 run.
 """
 
 from __future__ import annotations

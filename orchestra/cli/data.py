@@ -78,7 +78,7 @@ def _cache(p: argparse.ArgumentParser, epilog: str) -> None:
     q.add_argument("--exclude", nargs="*", default=[], help="shards whose replies are left out (ship only what is new)")
     q.add_argument("--cache", default=None, help=where)
     q = csub.add_parser("import", help="add the replies of shards to the cache (a fresh clone then replays them)")
-    q.add_argument("shards", nargs="+", help="*.jsonl.xz shards (e.g. results/responses/*.jsonl.xz)")
+    q.add_argument("shards", nargs="+", help="*.jsonl.xz shards (e.g. docs/results/responses/*.jsonl.xz)")
     q.add_argument("--cache", default=None, help=where)
 
 
@@ -116,6 +116,8 @@ def _cmd_record(a: argparse.Namespace) -> int:
         f"turns {m.get('rollout/mean_turns', 0):.2f}  tokens {m.get('rollout/mean_tokens', 0):.1f}  "
         f"({m.get('perf/episodes_per_s', 0):.2f} ep/s, {m.get('perf/tokens_per_s', 0):.0f} tok/s generated)"
     )
+    if "conductor/decisions" in m:
+        print(llm_replies_line(m))
     if m.get("faults/turn_faults"):
         causes = ", ".join(f"{k.rsplit('/', 1)[1]} {int(v)}" for k, v in m.items() if k.startswith("faults/errors/"))
         print(
@@ -125,12 +127,23 @@ def _cmd_record(a: argparse.Namespace) -> int:
     return 0
 
 
+def llm_replies_line(m: dict[str, float]) -> str:
+    """An LLM conductor's reply counts in one line."""
+    return (
+        f"{int(m['conductor/decisions'])} decisions, {int(m['conductor/unparsed_replies'])} replies no move could be "
+        f"read from (the first legal action was taken), {int(m['conductor/own_instructions'])} instructions in its "
+        "own words"
+    )
+
+
 def _cmd_evaluate(a: argparse.Namespace) -> int:
     from orchestra.jobs.evaluate import EvaluateConfig, evaluate
     from orchestra.report.evaluation import format_table
 
-    rows, paths = evaluate(build(EvaluateConfig, a), a.out)
+    rows, paths, replies = evaluate(build(EvaluateConfig, a), a.out)
     print(format_table(rows))
+    for name, m in replies.items():
+        print(f"{name}: {llm_replies_line(m)}")
     print("\n" + "  ".join(f"{k}: {v}" for k, v in paths.items()))
     return 0
 

@@ -28,12 +28,16 @@ class EvaluateConfig:
     run: RunOptions = RunOptions()  # seed, envs, cache, progress
 
 
-def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow], dict[str, Path]]:
+def evaluate(
+    cfg: EvaluateConfig, out_dir: str | Path
+) -> tuple[list[ResultRow], dict[str, Path], dict[str, dict[str, float]]]:
     """Run every conductor on the same held-out tasks of every team's family; write the report. An existing run
-    directory is continued: its recorded episodes are reused."""
+    directory is continued: its recorded episodes are reused. Also returns, per ``team/conductor`` that is an LLM,
+    its reply counts for the episodes played in this call (``conductor_replies.json``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_eps: list[Episode] = []
+    replies: dict[str, dict[str, float]] = {}
     for team_name in cfg.teams:
         session = Session.of(team_name, None, cfg.run)
         for spec in cfg.conductors:
@@ -42,9 +46,15 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> tuple[list[ResultRow],
             label, _ = split_spec(conductor)
             res = record(rc, out / "episodes" / f"{session.team.name}-{label}.jsonl", resume=True, session=session)
             all_eps.extend(read_trajectories(res.trajectories).episodes)
+            counts = {k: v for k, v in res.metrics.items() if k.startswith("conductor/")}
+            if counts.get("conductor/decisions"):
+                replies[f"{session.team.name}/{label}"] = counts
     rows, _paired, paths = evaluation_report(all_eps, out)
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
-    return rows, paths
+    if replies:
+        paths["replies_json"] = out / "conductor_replies.json"
+        paths["replies_json"].write_text(json.dumps(replies, indent=2), encoding="utf-8")
+    return rows, paths, replies
 
 
 __all__ = ["EvaluateConfig", "evaluate"]

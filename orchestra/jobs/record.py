@@ -147,6 +147,7 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
     episodes: list[Episode] = []
     skipped = 0
     stats = RolloutStats()
+    conductor_counts: dict[str, float] = {}
     with TrajectoryWriter(traj_path, resume=resume) as writer:
         write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
         for spec, jobs in plans.items():
@@ -176,7 +177,11 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
             )
             episodes += engine.run(todo, writer=writer, on_episode=lambda e: append_metrics(run_dir, [_episode_row(e)]))
             stats.merge(engine.stats)
-    metrics = {**stats.as_metrics(), **episode_metrics(episodes)}
+            counters = getattr(base(), "counters", None)  # an LLM conductor's reply counts (this run's decisions)
+            if counters is not None:
+                for k, v in counters().items():
+                    conductor_counts[k] = conductor_counts.get(k, 0) + v
+    metrics = {**stats.as_metrics(), **episode_metrics(episodes), **conductor_counts}
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return RecordResult(traj_path, run_dir, episodes, skipped, metrics)
 

@@ -58,6 +58,15 @@ class LLMConductor:
     def reset(self, seed: int | None = None) -> None:
         pass
 
+    def counters(self) -> dict[str, int]:
+        """How its replies went, for the run's metrics: a reply no move could be read from took the first legal
+        action (a model that cannot follow the move format shows up here, not as a silent choice)."""
+        return {
+            "conductor/decisions": self.decisions,
+            "conductor/unparsed_replies": self.parse_failures,
+            "conductor/own_instructions": self.written,
+        }
+
     def prompt(self, state: Mapping[str, Any], legal: list[int]) -> list[ChatMessage]:
         lines = [f"Task: {state['task']['prompt']}", ""]
         if state["transcript"]:

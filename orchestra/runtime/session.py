@@ -71,7 +71,14 @@ class Session:
         return cls(team, family, run.use_cache, run.cache_path, run.serial)
 
     def backends(self) -> dict[str, Any]:
-        return {k: w.backend for k, w in self.workers.items()}
+        """The loaded LLM backends by their team-file key (``backends: {smollm2: ...}``), so an LLM conductor on the
+        same key shares the workers' model and response cache instead of loading a second, uncached copy."""
+        out: dict[str, Any] = {}
+        for name, w in self.workers.items():
+            key = self.team.workers[name].backend
+            if w.kind == "llm" and key is not None:
+                out.setdefault(key, w.backend)
+        return out
 
 
 __all__ = ["RunOptions", "Session", "resolve_family"]
