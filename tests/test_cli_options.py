@@ -150,7 +150,7 @@ def _leaves(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tupl
 def test_the_same_commands_as_before() -> None:
     ap, handlers = build_parser()
     assert list(handlers) == [
-        "record", "evaluate", "trajectories", "teams", "families", "demo", "bench", "dataset", "train", "ope",
+        "record", "evaluate", "trajectories", "cache", "teams", "families", "demo", "bench", "dataset", "train", "ope",
         "finetune-conductor", "distill", "reproduce", "finetune", "align",
     ]  # fmt: skip
     assert set(_leaves(ap)) >= set(_roots())

@@ -75,7 +75,9 @@ def _cache(p: argparse.ArgumentParser, epilog: str) -> None:
     q.add_argument("--cache", default=None, help=where)
     q = csub.add_parser("export", help="write the cached replies to an xz-compressed JSONL shard")
     q.add_argument("--out", required=True, help="shard file, *.jsonl.xz")
-    q.add_argument("--exclude", nargs="*", default=[], help="shards whose replies are left out (ship only what is new)")
+    q.add_argument(
+        "--exclude", nargs="*", default=None, help="shards whose replies are left out (ship only what is new)"
+    )
     q.add_argument("--cache", default=None, help=where)
     q = csub.add_parser("import", help="add the replies of shards to the cache (a fresh clone then replays them)")
     q.add_argument("shards", nargs="+", help="*.jsonl.xz shards (e.g. docs/results/responses/*.jsonl.xz)")
@@ -189,7 +191,7 @@ def _cmd_cache(a: argparse.Namespace) -> int:
         for model, n in per_model.most_common():
             print(f"  {n:8d}  {model}")
     elif a.action == "export":
-        n = export_responses(cache, a.out, a.exclude)
+        n = export_responses(cache, a.out, a.exclude or [])
         print(f"wrote {n} replies of {len(cache)} to {a.out}")
     else:
         added, read = import_responses(cache, a.shards)
