@@ -324,8 +324,10 @@ def test_head_only_fast_path_equals_the_full_forward() -> None:
         torch.testing.assert_close(fast, full, rtol=0, atol=1e-6)
         g_fast = torch.autograd.grad(fast.square().sum(), list(team.adapter_parameters(i).values()))
         g_full = torch.autograd.grad(full.square().sum(), list(team.adapter_parameters(i).values()))
+        # float32 gradients summed over the batch in another order (the fast path reads cached hidden states): a
+        # fresh-clone run saw 2.8e-6 on one element of 256; a wrong adapter or a missed gradient is off by O(0.1)
         for a, b in zip(g_fast, g_full, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert set(team.hidden_cache) == {0}
 
 
