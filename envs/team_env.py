@@ -80,6 +80,22 @@ class MappedInstruction:
     similarity: float  # cosine similarity of the text and that instruction's template under the team's encoder
 
 
+def instruction_problem(config: TeamEnvConfig, mask: np.ndarray, worker: str, text: str) -> str | None:
+    """Why ``Instruct(worker, text)`` cannot be taken under ``mask`` (an unknown worker, a tool, an empty text, no legal
+    instruction for the worker now), or None. The env, the human session and the LLM conductor share this check."""
+    spec = next((w for w in config.workers if w.name == worker), None)
+    if spec is None:
+        return f"unknown worker {worker!r} (workers: {', '.join(config.worker_names)})"
+    if spec.kind != "llm":
+        return f"{worker} is a tool: it takes no free-text instruction"
+    if not any(mask[config.action_id(worker, ins)] for ins in spec.instructions):
+        ok = [config.action_label(int(a)) for a in np.flatnonzero(mask)]
+        return f"{worker} cannot be given a turn now (legal: {ok})"
+    if not text.strip():
+        return f"{worker}: the instruction text is empty"
+    return None
+
+
 class TeamEnv(AECEnv):
     metadata = {"name": ENV_ID, "render_modes": ["human", "ansi"], "is_parallelizable": False}
 
@@ -247,17 +263,11 @@ class TeamEnv(AECEnv):
         whose template is nearest to ``text`` (cosine similarity under the team's sentence encoder; a team without
         one, ``embedder: none``, uses the hash encoder; ties go to the first declared). :class:`IllegalActionError`
         names what is wrong: an unknown worker, a tool, an empty text, or no legal instruction for the worker now."""
-        if worker not in self._workers:
-            raise IllegalActionError(f"unknown worker {worker!r} (workers: {', '.join(self.config.worker_names)})")
-        if self._workers[worker].kind != "llm":
-            raise IllegalActionError(f"{worker} is a tool: it takes no free-text instruction")
-        if not text.strip():
-            raise IllegalActionError(f"{worker}: the instruction text is empty")
         mask = self.action_mask()
+        problem = instruction_problem(self.config, mask, worker, text)
+        if problem is not None:
+            raise IllegalActionError(problem)
         legal = [ins for ins in self._workers[worker].instructions if mask[self.config.action_id(worker, ins)]]
-        if not legal:
-            ok = [self.config.action_label(int(a)) for a in np.flatnonzero(mask)]
-            raise IllegalActionError(f"{worker} cannot be given a turn now (legal: {ok})")
         from envs.embeddings import get_embedder  # only an Instruct needs it
 
         embedder = self.encoder.embedder if self.encoder.embedder.name != "none" else get_embedder("hash")

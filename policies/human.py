@@ -24,7 +24,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from envs.config import REWARD_COMPONENTS, TeamEnvConfig
-from envs.team_env import Instruct
+from envs.team_env import Instruct, instruction_problem
 from policies.base import PolicyError
 from trajectories import Episode
 
@@ -153,16 +153,12 @@ class HumanConductor:
         worker, text = worker.strip(), text.strip()
         if not sep or not worker:
             return f"'{choice}' is not a legal action, a label or WORKER: TEXT"
-        spec = next((w for w in self.config.workers if w.name == worker), None)
-        if spec is None:
-            return f"no worker called {worker!r} (workers: {', '.join(self.config.worker_names)})"
-        if spec.kind != "llm":
-            return f"{worker} is a tool: it takes no instruction of yours; choose its action by number"
-        if not any(self.config.decode_action(a)[0] == worker for a in legal):
-            return f"{worker} cannot take a turn now"
-        if not text:
-            return f"write the instruction after '{worker}:'"
-        if text in spec.instructions:
+        mask = np.zeros(self.config.num_actions, dtype=np.int8)
+        mask[legal] = 1
+        problem = instruction_problem(self.config, mask, worker, text)
+        if problem is not None:
+            return problem
+        if text in dict((w.name, w.instructions) for w in self.config.workers)[worker]:
             return f"{worker}:{text} is not legal now"
         return Instruct(worker, text)
 

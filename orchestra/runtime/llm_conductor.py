@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from envs.config import TeamEnvConfig
-from envs.team_env import Instruct
+from envs.team_env import Instruct, instruction_problem
 from orchestra.backends.base import Backend, ChatMessage, GenerationParams, GenerationRequest
 from policies.base import PolicyError, first_legal
 
@@ -91,9 +91,9 @@ class LLMConductor:
             return None
         worker, said = m.group(1), m.group(2).strip().strip("\"'`*").strip()
         spec = next((w for w in self.config.workers if w.name.lower() == worker.lower()), None)
-        if spec is None or spec.kind != "llm" or not said:
-            return None
-        if not any(self.config.decode_action(a)[0] == spec.name for a in legal):
+        mask = np.zeros(self.config.num_actions, dtype=np.int8)
+        mask[legal] = 1
+        if spec is None or instruction_problem(self.config, mask, spec.name, said) is not None:
             return None
         if said.lower().rstrip(".") in (ins.lower() for ins in spec.instructions):
             return None  # "solver: solve" is the declared move, not an instruction of its own
