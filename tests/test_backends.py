@@ -266,6 +266,9 @@ def test_tiny_repeated_prompts_are_prefilled_once_and_sample_as_if_alone() -> No
     b._forward = counting  # type: ignore[method-assign]
     batched = b.generate_ids(prompts, params)
     assert seen[0] == 3  # three distinct prompts prefilled, six requests decoded
+    # the work counters (benchmarks/finetune.py's decode roofline) agree with the forwards that ran
+    assert b.prefill_tokens == len(TINY_PROMPTS[1]) + len(TINY_PROMPTS[0]) + len(TINY_PROMPTS[3])
+    assert sorted(b.decode_steps.elements()) == sorted(seen[1:])
     for q, p, x in zip(prompts, params, batched, strict=True):
         y = b.generate_ids([q], p)[0]
         assert x.token_ids == y.token_ids and np.allclose(x.logprobs, y.logprobs, atol=1e-5)

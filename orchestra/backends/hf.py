@@ -24,7 +24,7 @@ import importlib
 import inspect
 import os
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -146,6 +146,9 @@ class TransformersBackend:
             True  # identical prompts of one call are prefilled once (False: one row each, for benchmarks)
         )
         self.seed = int(seed)
+        # work done so far, for benchmarks: decode forwards by the rows they carried, prompt positions prefilled
+        self.decode_steps: Counter[int] = Counter()
+        self.prefill_tokens = 0
         self._lock = threading.RLock()
         ids: set[int] = set()
         for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
@@ -293,6 +296,7 @@ class TransformersBackend:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)  # per-row positions 0..len-1, pads at 0
         cache = DynamicCache(config=getattr(self.model, "config", None))
         logits = self._forward(ids, mask, pos, cache)  # [u, V]
+        self.prefill_tokens += int(mask.sum())
         if len(unique) < n:
             expand = torch.tensor(row_of, dtype=torch.long, device=device)
             logits, mask, pos = logits[expand], mask[expand], pos[expand]
@@ -338,6 +342,7 @@ class TransformersBackend:
             mask = torch.cat([mask, torch.ones_like(nxt)], dim=-1)
             pos = pos[:, -1:] + 1
             logits = self._forward(nxt, mask, pos, cache)
+            self.decode_steps[len(alive)] += 1
         return [GeneratedIds(tuple(toks[i]), tuple(lps[i]), finish[i], texts[i]) for i in range(n)]
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
