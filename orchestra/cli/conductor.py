@@ -36,6 +36,16 @@ def _dataset(p: argparse.ArgumentParser, epilog: str) -> None:
     q = dsub.add_parser("stats", help="episodes, transitions, action histogram, returns per source conductor")
     q.add_argument("path", help="dataset .npz")
     q.add_argument("--json", action="store_true", help="print as JSON")
+    q = dsub.add_parser("export", help="write a dataset (.npz) in another format: a Minari dataset (--to minari)")
+    q.add_argument("path", help="dataset .npz")
+    q.add_argument("--to", choices=["minari"], required=True, help="target format: minari")
+    q.add_argument("--id", default=None, help="Minari dataset id (default: orchestra/TEAM-v0)")
+    q.add_argument(
+        "--root",
+        default=None,
+        help="Minari datasets folder (default: $MINARI_DATASETS_PATH, else ~/.minari/datasets); "
+        "load it back with MINARI_DATASETS_PATH=ROOT and minari.load_dataset(ID)",
+    )
 
 
 def _train(p: argparse.ArgumentParser, epilog: str) -> None:
@@ -150,6 +160,18 @@ def _cmd_dataset(a: argparse.Namespace) -> int:
     if a.dataset_command == "stats":
         s = ConductorDataset.load(a.path).summary()
         print(json.dumps(s, indent=2) if a.json else format_dataset_summary(s))
+        return 0
+    if a.dataset_command == "export":
+        import os
+        from pathlib import Path
+
+        from policies.minari_io import to_minari
+
+        ds = ConductorDataset.load(a.path)
+        root = a.root or os.environ.get("MINARI_DATASETS_PATH") or str(Path.home() / ".minari" / "datasets")
+        dataset_id = a.id or f"orchestra/{ds.team}-v0"
+        folder = to_minari(ds, dataset_id, root)
+        print(f"Minari dataset {dataset_id!r}: {len(ds.episodes)} episodes, {len(ds)} steps → {folder}")
         return 0
     from orchestra.jobs.conductor import DatasetBuildConfig, build_dataset_job
 
