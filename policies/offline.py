@@ -27,7 +27,6 @@ itself (``ObservationEncoder.legal_mask``).
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -44,6 +43,7 @@ from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
 from trajectories.durable import atomic_path
+from trajectories.metrics import MetricsWriter
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
 Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone
@@ -283,10 +283,11 @@ def train_offline(
     progress: bool = False,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
     resume: bool = False,
+    tensorboard: bool = False,
 ) -> TrainResult:
     """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json, algo.json, model.pt),
-    write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch) and
-    ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``.
+    write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch; with ``tensorboard`` also
+    event files in ``tensorboard/metrics/``) and ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``.
 
     Every epoch also leaves the full training state in ``out_dir/resume/`` (:mod:`policies.train_state`);
     ``resume=True`` continues a killed run from its last finished epoch, bit-identical to an uninterrupted run
@@ -328,6 +329,7 @@ def train_offline(
     rows: list[dict[str, Any]] = list(saved.rows) if saved is not None else []
     if saved is not None:
         train_state.restore_modules(algo, saved)
+    metrics = MetricsWriter(out, rows=rows, tensorboard=tensorboard)  # holds exactly the epochs kept
     n_epochs = cfg.n_steps // cfg.n_steps_per_epoch
     try:
         if n_epochs > done:
@@ -344,30 +346,20 @@ def train_offline(
                 row.update({f"losses/{k}": float(v) for k, v in losses.items()})
                 row["perf/agreement"] = agreement(conductor, ds)  # with the logged actions
                 rows.append(row)
+                metrics.append([row])
                 conductor.save(out)  # checkpoint each epoch: a killed run keeps its last epoch
                 if cfg.keep_epochs:
                     conductor.save(out / "epochs" / str(epoch))
                 train_state.save_state(out, algo, epoch, rows)  # last: the RNGs as the next epoch finds them
     finally:
         torch.set_num_threads(threads)
-    _write_rows(out, rows)
+        metrics.close()
     for r in rows:
         if on_epoch is not None:
             on_epoch(r)
     conductor.save(out)
     conductor.checkpoint = str(out)
     return TrainResult(conductor, out, rows)
-
-
-def _write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
-    keys = sorted({k for r in rows for k in r}, key=lambda k: (k not in ("epoch", "step"), k))
-    with (out / "metrics.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    with (out / "metrics.jsonl").open("w") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
 
 
 # -- off-policy evaluation ---------------------------------------------------------------------------

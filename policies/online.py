@@ -15,7 +15,6 @@ start is row 0), ``checkpoint/`` (``model.zip`` + ``conductor.json``), rewritten
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -31,6 +30,7 @@ from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
+from trajectories.metrics import MetricsWriter
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_FILE = "model.zip"
@@ -154,32 +154,6 @@ def aggregate_episode_metrics(episodes: Sequence[Mapping[str, float]]) -> dict[s
     return out
 
 
-class MetricsLog:
-    """``metrics.jsonl`` (appended) + ``metrics.csv`` (rewritten over the union of keys, so a key that
-    first appears later still gets its column)."""
-
-    def __init__(self, folder: Path, resume: bool) -> None:
-        self.jsonl, self.csv = folder / "metrics.jsonl", folder / "metrics.csv"
-        self.rows: list[dict[str, Any]] = []
-        if resume and self.jsonl.exists():
-            self.rows = [json.loads(line) for line in self.jsonl.read_text(encoding="utf-8").splitlines() if line]
-        else:
-            for p in (self.jsonl, self.csv):
-                p.unlink(missing_ok=True)
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        self.rows.append(dict(row))
-        with self.jsonl.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-        keys = list(dict.fromkeys(k for r in self.rows for k in r))
-        tmp = self.csv.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.csv)
-
-
 def _episode_collector() -> Any:
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -294,6 +268,7 @@ def train_ppo(
     init_from: str | Path | None = None,
     resume: bool = False,
     progress: bool = False,
+    tensorboard: bool = False,
 ) -> PPOConductor:
     """Train a MaskablePPO conductor on ``env`` (a Gymnasium env with ``action_masks()``).
 
@@ -306,7 +281,7 @@ def train_ppo(
     threads = torch.get_num_threads()
     torch.set_num_threads(max(cfg.torch_threads, 1))
     try:
-        return _train(env, cfg, Path(out_dir), meta, warm_start, init_from, resume, progress)
+        return _train(env, cfg, Path(out_dir), meta, warm_start, init_from, resume, progress, tensorboard)
     finally:
         torch.set_num_threads(threads)
 
@@ -320,6 +295,7 @@ def _train(
     init_from: str | Path | None,
     resume: bool,
     progress: bool,
+    tensorboard: bool = False,
 ) -> PPOConductor:
 
     out.mkdir(parents=True, exist_ok=True)
@@ -331,7 +307,7 @@ def _train(
     resolved = {"ppo": asdict(cfg), "team": meta.team, "embedder": meta.embedder, "action_labels": meta.action_labels}
     (out / CONFIG_FILE).write_text(json.dumps(resolved, indent=2), encoding="utf-8")
     resumed = resume and (ckpt / MODEL_FILE).exists()
-    log = MetricsLog(out, resume=resumed)
+    log = MetricsWriter(out, resume=resumed, tensorboard=tensorboard)  # + tensorboard/metrics/ event files
     if resumed:
         ConductorMeta.load(ckpt).check_layout(meta.feature_names, meta.action_labels, where=str(ckpt))
         model = load_ppo(ckpt / MODEL_FILE, len(meta.feature_names), len(meta.action_labels), asdict(cfg), env=env)
@@ -426,7 +402,6 @@ class PPOConductor:
 
 __all__ = [
     "DecisionData",
-    "MetricsLog",
     "PPOConductor",
     "PPOConfig",
     "aggregate_episode_metrics",

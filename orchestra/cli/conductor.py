@@ -72,6 +72,7 @@ def _train(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("offline.truncation", "--truncation"),
             Opt("offline.seed", "--seed"),
             "resume",
+            "tensorboard",
         ],
     )
     p.add_argument("--quiet", action="store_true", help="no progress output")
@@ -107,6 +108,7 @@ def _conductor_ppo(p: argparse.ArgumentParser, epilog: str) -> None:
             "embedder",
             "difficulty",
             "resume",
+            "tensorboard",
             "seed",
             Opt("use_cache", "--no-cache", help="do not use the response cache"),
             Opt("cache_path", "--cache"),

@@ -90,6 +90,7 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("bench.seed", "--seed"),
             "threads",
             Opt("progress", "--quiet", help="no progress output"),
+            "tensorboard",
         ],
     )
     f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
@@ -201,6 +202,11 @@ def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--out", required=True, help="run directory (config, metrics CSV/JSONL, checkpoints/, adapters/)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    g.add_argument(
+        "--tensorboard",
+        action="store_true",
+        help="also write the metrics as TensorBoard event files (OUT/tensorboard/)",
+    )
     g.add_argument("--config", default=None, help=f"YAML/JSON {{trainer: …, team: …}} (GPU preset: {GPU_CONFIG})")
     root = FinetuneConfig()
     add_options(
@@ -366,7 +372,7 @@ def _cmd_finetune(a: argparse.Namespace) -> int:
     say = _say(a.quiet)
     cfg = finetune_config(a)
     try:
-        res = finetune(cfg, a.out, resume=a.resume, say=say)
+        res = finetune(cfg, a.out, resume=a.resume, say=say, tensorboard=a.tensorboard)
     except (ValueError, CheckpointError) as e:  # LLMTeamError, ConfigMismatchError, a damaged checkpoint…
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ class FinetuneBenchJob:
     report: str | None = None  # also write summary.md here (and its plot beside it), e.g. docs/results/finetune.md
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # one line per evaluation and run on stderr
+    tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
 
 
 def run_finetune_bench_job(job: FinetuneBenchJob) -> FinetuneBenchResult:
@@ -52,7 +53,7 @@ def run_finetune_bench_job(job: FinetuneBenchJob) -> FinetuneBenchResult:
     if job.threads:
         torch.set_num_threads(job.threads)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if job.progress else (lambda _line: None)
-    result = run_finetune_bench(job.bench, job.out, say=say)
+    result = run_finetune_bench(job.bench, job.out, say=say, tensorboard=job.tensorboard)
     if job.report:
         publish(result.summary, Path(job.report))
     return result

@@ -89,6 +89,7 @@ class TrainConfig:
     # continue a killed run in --out from its last finished epoch (bit-identical to an uninterrupted run on CPU;
     # the same dataset and knobs are required)
     resume: bool = False
+    tensorboard: bool = False  # also write the metrics as TensorBoard event files (OUT/tensorboard/metrics/)
 
 
 def train_job(cfg: TrainConfig, progress: bool = True) -> tuple[ConductorDataset, TrainResult]:
@@ -98,7 +99,9 @@ def train_job(cfg: TrainConfig, progress: bool = True) -> tuple[ConductorDataset
     if cfg.team:
         team, enc = team_encoder(cfg.team)
         ds.check_layout(team.env, enc, where=cfg.dataset)
-    return ds, train_offline(ds, cfg.offline, cfg.out, progress=progress, resume=cfg.resume)
+    return ds, train_offline(
+        ds, cfg.offline, cfg.out, progress=progress, resume=cfg.resume, tensorboard=cfg.tensorboard
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------

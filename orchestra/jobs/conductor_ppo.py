@@ -72,6 +72,7 @@ class ConductorPPOConfig:
     cache_path: str | None = None  # default: $ORCHESTRA_CACHE_DIR/responses.sqlite
     resume: bool = False  # continue from the checkpoint in the run directory, if any
     progress: bool = True  # progress bar on stderr
+    tensorboard: bool = False  # also write the metrics as TensorBoard event files (OUT/tensorboard/metrics/)
 
     def ppo_config(self) -> PPOConfig:
         return PPOConfig(
@@ -196,6 +197,7 @@ def train_conductor_ppo(
         init_from=init_from,
         resume=cfg.resume,
         progress=cfg.progress,
+        tensorboard=cfg.tensorboard,
     )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines() if line]
     summary = {

@@ -132,7 +132,12 @@ class FinetuneResult:
 
 
 def finetune(
-    cfg: FinetuneConfig, out: str | Path, *, resume: bool = False, say: Callable[[str], None]
+    cfg: FinetuneConfig,
+    out: str | Path,
+    *,
+    resume: bool = False,
+    say: Callable[[str], None],
+    tensorboard: bool = False,
 ) -> FinetuneResult:
     """Train ``cfg`` into the run directory ``out`` (``resume``: continue its latest checkpoint); ``say`` gets the
     live lines. A directory that holds a run already needs ``resume`` (FileExistsError)."""
@@ -159,7 +164,7 @@ def finetune(
         on_update=lambda row: say(update_line(row, team.agent_names)),
         on_stage=lambda row: say(stage_line(row)),
     )
-    log = train(team, trainer_cfg, hooks=hooks, out_dir=out, resume=resume)
+    log = train(team, trainer_cfg, hooks=hooks, out_dir=out, resume=resume, tensorboard=tensorboard)
     adapters = team.save_adapters(out / "adapters")
     return FinetuneResult(log, team.agent_names, adapters, time.perf_counter() - t0)
 

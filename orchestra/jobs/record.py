@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from envs.tasks.base import SPLITS, Split
-from orchestra.jobs.rundir import append_metrics, write_run_config
+from orchestra.jobs.rundir import write_run_config
 from orchestra.runtime.conductors import conductor_factory, split_spec
 from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
 from policies.base import ConductorPolicy
 from policies.exploration import EpsilonGreedyConductor, exploring_name
 from trajectories import Episode, TrajectoryWriter
+from trajectories.metrics import MetricsWriter
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
     conductor_counts: dict[str, float] = {}
     with TrajectoryWriter(traj_path, resume=resume) as writer:
         write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
+        metrics_log = MetricsWriter(run_dir, resume=resume)  # one row per recorded episode
         for spec, jobs in plans.items():
             label, checkpoint = split_spec(spec)
             name = exploring_name(label, cfg.epsilon)
@@ -175,7 +177,7 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
                 progress=cfg.run.progress,
                 episode_retries=cfg.run.episode_retries,
             )
-            episodes += engine.run(todo, writer=writer, on_episode=lambda e: append_metrics(run_dir, [_episode_row(e)]))
+            episodes += engine.run(todo, writer=writer, on_episode=lambda e: metrics_log.write(_episode_row(e)))
             stats.merge(engine.stats)
             counters = getattr(base(), "counters", None)  # an LLM conductor's reply counts (this run's decisions)
             if counters is not None:

@@ -35,10 +35,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from orchestra.teamtr.checkpoint import MetricsWriter
 from orchestra.teamtr.config import seeded_generator
 from orchestra.teamtr.losses import kl_exact_per_token, masked_mean
 from orchestra.teamtr.protocols import Metrics
+from trajectories.metrics import MetricsWriter
 
 Stop = Literal["delta_0", "max_steps"]
 Divergence = Literal["reverse", "forward", "sft"]

@@ -23,15 +23,13 @@ under a temporary name and renamed when complete, so a killed run never leaves a
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
-import io
 import json
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from torch import Tensor
 from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
 from orchestra.teamtr.protocols import Metrics, TrainableTeam
 from policies.train_state import global_rng_state, set_global_rng_state
+from trajectories.metrics import MetricsWriter
 
 FORMAT = "orchestra.teamtr.run/1"
 METRICS_FILES = ("updates", "stages")
@@ -125,53 +124,6 @@ def read_json(path: Path) -> Any:
 
 # ----------------------------------------------------------------------------------------------------------------
 # metrics: one writer, JSONL (the record) + CSV (columns = union of keys)
-
-
-class MetricsWriter:
-    """Appends flat metrics rows to ``{name}.jsonl`` and ``{name}.csv`` of a run directory.
-
-    CSV columns are the union of the keys in first-seen order; a row that brings new keys rewrites the CSV from
-    the rows so far (atomically), every other row is appended. Files are flushed on every :meth:`append`.
-    """
-
-    def __init__(self, run_dir: Path, name: str, rows: Sequence[Metrics] = ()) -> None:
-        self.jsonl = run_dir / f"{name}.jsonl"
-        self.csv = run_dir / f"{name}.csv"
-        self.rows: list[Metrics] = list(rows)
-        self.columns: list[str] = []
-        self._add_columns(self.rows)
-        write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
-        self._rewrite_csv()
-
-    def _add_columns(self, rows: Iterable[Metrics]) -> bool:
-        seen = set(self.columns)
-        new = False
-        for r in rows:
-            for k in r:
-                if k not in seen:
-                    seen.add(k)
-                    self.columns.append(k)
-                    new = True
-        return new
-
-    def _rewrite_csv(self) -> None:
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=self.columns, restval="")
-        w.writeheader()
-        w.writerows(self.rows)
-        write_text_atomic(self.csv, buf.getvalue())
-
-    def append(self, rows: Sequence[Metrics]) -> None:
-        if not rows:
-            return
-        self.rows.extend(rows)
-        with self.jsonl.open("a", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        if self._add_columns(rows):
-            self._rewrite_csv()
-            return
-        with self.csv.open("a", encoding="utf-8", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns, restval="").writerows(rows)
 
 
 def read_metrics(run_dir: Path, name: str, num_rows: int) -> list[Metrics]:
@@ -379,7 +331,9 @@ class RunDirectory:
     start if there is no checkpoint yet); a path = continue from that ``stage-XXXX`` directory.
     """
 
-    def __init__(self, path: str | Path, config: dict[str, Any], resume: bool | str | Path) -> None:
+    def __init__(
+        self, path: str | Path, config: dict[str, Any], resume: bool | str | Path, *, tensorboard: bool = False
+    ) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         config_file = self.path / "config.json"
@@ -400,7 +354,7 @@ class RunDirectory:
         ckpt = self.checkpoint
         counts = (int(ckpt.counters["update_index"]), ckpt.stage) if ckpt is not None else (0, 0)
         self.writers = {
-            name: MetricsWriter(self.path, name, read_metrics(self.path, name, count))
+            name: MetricsWriter(self.path, name, read_metrics(self.path, name, count), tensorboard=tensorboard)
             for name, count in zip(METRICS_FILES, counts, strict=True)
         }
 

@@ -165,8 +165,7 @@ def team_loss(
             )  # D̂_i^tok, differentiable  # fmt: skip
             loss = loss + kl_coefs[i] * kl_i
         if cfg.ref_kl_coef > 0:
-            # samples come from π_θ (approximately: π_cur), so k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref)
-            # (docs/algorithms.md §4.3)
+            # samples from π_θ (≈ π_cur): k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref) (docs/algorithms.md §4.3)
             ref_kl = masked_mean(kl_k3(mb_in.ref_logprobs[i], logps[i]), mb.mask[i])
             loss = loss + cfg.ref_kl_coef * ref_kl
     return loss, metrics
@@ -421,6 +420,7 @@ def train(
     hooks: TrainHooks | None = None,
     out_dir: str | Path | None = None,
     resume: bool | str | Path = False,
+    tensorboard: bool = False,
 ) -> TrainLog:
     """Run ``cfg.num_stages`` stages of ``cfg.scheme`` on ``team`` (docs/algorithms.md §2.2; baselines §2.2 end and §3).
 
@@ -429,10 +429,10 @@ def train(
     the earlier agents' ratios on that batch. Rollouts use one generator stream (seeded by ``cfg.seed``), orders
     another, and minibatch shuffles a stream per (stage, batch), so naive is order-invariant bit for bit.
 
-    ``out_dir``: a run directory (:mod:`orchestra.teamtr.checkpoint`): resolved config, metrics appended per stage,
-    a checkpoint after every stage. ``resume`` (needs ``out_dir``): True continues from its latest checkpoint (or
-    starts if there is none), a path from that checkpoint; the team must be built as before (same config and seed)
-    and the run continues bit-identically up to ``cfg.num_stages``. The returned log then holds the whole run.
+    ``out_dir``: a run directory (:mod:`orchestra.teamtr.checkpoint`): config, metrics per stage (``tensorboard``:
+    event files too), a checkpoint per stage. ``resume`` (needs ``out_dir``): True continues from its latest checkpoint
+    (or starts if there is none), a path from that one; with the team built as before (same config and seed) the run
+    continues bit-identically up to ``cfg.num_stages``, and the returned log holds the whole run.
 
     Raises:
         ConfigMismatchError: resuming under a config that differs (fields named) beyond ``RESUMABLE_FIELDS``.
@@ -450,7 +450,7 @@ def train(
         raise ValueError("resume needs out_dir")
     team_config = team.config if isinstance(team, ConfiguredTeam) else None
     config = resolved_config(cfg, team_config, type(team).__name__)
-    run = RunDirectory(out_dir, config, resume) if out_dir is not None else None
+    run = RunDirectory(out_dir, config, resume, tensorboard=tensorboard) if out_dir is not None else None
     ckpt = run.checkpoint if run is not None else None
     if ckpt is None:
         first_stage = update_index = episodes = tokens = 0

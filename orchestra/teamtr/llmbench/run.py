@@ -124,10 +124,15 @@ def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[
 
 
 def run_finetune_bench(
-    cfg: FinetuneBenchConfig, out_dir: str | Path, *, say: Callable[[str], None] | None = None
+    cfg: FinetuneBenchConfig,
+    out_dir: str | Path,
+    *,
+    say: Callable[[str], None] | None = None,
+    tensorboard: bool = False,
 ) -> FinetuneBenchResult:
     """Run every (scheme, seed), evaluate each at its evaluation stages, write the tables, plots and
-    ``summary.md`` into ``out_dir``.
+    ``summary.md`` into ``out_dir`` (``tensorboard``: each run's update and stage metrics also as event files in
+    ``runs/SCHEME-seedS/tensorboard/``).
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
@@ -193,7 +198,9 @@ def run_finetune_bench(
             run_dir = out / "runs" / f"{scheme}-seed{seed}"
             t_run = time.perf_counter()
             for stage in stages:
-                log = train(team, cfg.trainer_config(scheme, seed, stage), out_dir=run_dir, resume=True)
+                log = train(
+                    team, cfg.trainer_config(scheme, seed, stage), out_dir=run_dir, resume=True, tensorboard=tensorboard
+                )
                 if len(log.stages) != stage:
                     raise RuntimeError(
                         f"{run_dir}: its checkpoint is past stage {stage} but evals.csv lacks that evaluation; "
