@@ -121,3 +121,56 @@ def test_specs_parse_stack_and_refuse_bad_input() -> None:
             parse_perturbation(bad)
     with pytest.raises(ValueError, match="at most once"):
         perturbed(make_env(), ["drop=0.1", "drop=0.2"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rollout engine under perturbation (scripted workers: the wrappers are what is tested)
+
+
+def _run(perturb: tuple[str, ...], conductor: str = "heuristic", n: int = 8) -> list:  # type: ignore[type-arg]
+    from envs.tasks.registry import get_family as family_of
+    from orchestra.runtime.conductors import conductor_factory
+    from orchestra.runtime.rollout import RolloutEngine, plan_jobs
+    from tests.scripted import arithmetic_team, scripted_workers
+
+    team = arithmetic_team()
+    family = family_of(team.family)
+    engine = RolloutEngine(team, family, scripted_workers(team), conductor_factory(conductor, team, 0),
+                           conductor_name=conductor, num_envs=4, progress=False, perturb=perturb, perturb_seed=7)  # fmt: skip
+    return engine.run(plan_jobs(family.generate("test", n, 0), 0, "p"))
+
+
+def test_engine_records_perturbations_and_the_executed_actions() -> None:
+    clean = _run(())
+    assert all("perturbations" not in e.metadata for e in clean)
+    dropped = _run(("drop=1.0",))
+    assert [e.episode_id for e in dropped] == [e.episode_id for e in clean]  # same tasks, paired
+    for e in dropped:
+        llm_turns = [m for m in e.metadata["final_state"]["transcript"] if m["worker"] in ("solver", "critic")]
+        assert llm_turns and all(m["text"] == "" and m["perturbed"] == "drop" for m in llm_turns)
+        assert len(e.metadata["perturbations"]) == len(llm_turns) and e.metadata["perturb"] == ["drop=1.0"]
+    assert sum(e.success for e in dropped) < sum(e.success for e in clean)  # no LLM text, no answer
+    noisy = _run(("action_noise=1.0",), conductor="round_robin")
+    for e in noisy:
+        events = e.metadata["perturbations"]
+        assert len(events) == len(e.steps)  # every decision replaced by a random legal one…
+        for st, ev in zip(e.steps, events, strict=True):
+            assert st.action.id == ev["executed"] and st.action_mask[st.action.id] == 1  # …and recorded as executed
+    again = _run(("action_noise=1.0",), conductor="round_robin")  # seeded: a rerun is perturbed identically
+    assert [[st.action.id for st in e.steps] for e in again] == [[st.action.id for st in e.steps] for e in noisy]
+    assert [e.metadata["perturbations"] for e in again] == [e.metadata["perturbations"] for e in noisy]
+
+
+def test_robustness_rows_pair_each_conductor_with_its_clean_run() -> None:
+    from orchestra.report.robustness import robustness_rows, robustness_table_md
+
+    clean = _run(()) + _run((), conductor="round_robin")
+    drop = _run(("drop=1.0",)) + _run(("drop=1.0",), conductor="round_robin")
+    rows = robustness_rows(clean, {"drop=1.0": drop})
+    assert {(r.conductor, r.perturbation) for r in rows} == {("heuristic", "drop=1.0"), ("round_robin", "drop=1.0")}
+    for r in rows:
+        mine = [e for e in clean if e.conductor.name == r.conductor]
+        assert r.tasks == len(mine) and r.clean_success == pytest.approx(np.mean([e.success for e in mine]))
+        assert r.diff == pytest.approx(r.perturbed_success - r.clean_success) and r.diff_lo <= r.diff <= r.diff_hi
+        assert r.p_holm >= r.p_mcnemar
+    assert "drop=1.0" in robustness_table_md(rows)

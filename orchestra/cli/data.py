@@ -26,7 +26,9 @@ def _record(p: argparse.ArgumentParser, epilog: str) -> None:
     from orchestra.jobs.record import RecordConfig
 
     opts: list[str | Opt] = ["team", Opt("conductor", help=_CONDUCTOR_HELP), "epsilon", "family", "split", "episodes"]
-    add_options(p, RecordConfig, [*opts, "difficulty", *run_options()])
+    add_options(
+        p, RecordConfig, [*opts, "difficulty", Opt("perturb", action="append", metavar="KIND=STRENGTH"), *run_options()]
+    )
     p.add_argument("--out", required=True, help="X.jsonl (run files go to X_run/) or a directory")
     p.add_argument("--resume", action="store_true", help="continue a killed recording: no duplicates, no gaps")
 
@@ -42,6 +44,7 @@ def _evaluate(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("conductors", "--conductor", action="append"),
             "episodes",
             "split",
+            Opt("perturb", action="append", metavar="KIND=STRENGTH"),
             *run_options(),
         ],
     )
@@ -144,6 +147,8 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
 
     rows, paths, replies = evaluate(build(EvaluateConfig, a), a.out)
     print(format_table(rows))
+    if "robustness_md" in paths:
+        print("\n" + paths["robustness_md"].read_text(encoding="utf-8").split("\n\n", 2)[-1].rstrip())
     for name, m in replies.items():
         print(f"{name}: {llm_replies_line(m)}")
     print("\n" + "  ".join(f"{k}: {v}" for k, v in paths.items()))

@@ -4,12 +4,14 @@ report (tables, CSV, plots) from the recorded episodes."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from envs.perturb import parse_perturbation
 from envs.tasks.base import Split
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report.evaluation import ResultRow, evaluation_report
+from orchestra.report.robustness import robustness_rows, write_robustness
 from orchestra.runtime.conductors import split_spec
 from orchestra.runtime.session import RunOptions, Session
 from trajectories import Episode, read_trajectories
@@ -25,6 +27,9 @@ class EvaluateConfig:
     conductors: tuple[str, ...]
     episodes: int = 20  # held-out tasks per family
     split: Split = "test"  # the split to evaluate on
+    # robustness: each KIND=STRENGTH (envs.perturb: drop, noise, action_noise, outage) is one more run of every
+    # conductor on the same tasks and seeds, reported against the clean run (robustness.md / .csv / .png)
+    perturb: tuple[str, ...] = ()
     run: RunOptions = RunOptions()  # seed, envs, cache, progress
 
 
@@ -37,6 +42,9 @@ def evaluate(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_eps: list[Episode] = []
+    perturbed: dict[str, list[Episode]] = {spec: [] for spec in cfg.perturb}
+    for spec in cfg.perturb:
+        parse_perturbation(spec)  # a bad spec is refused before anything runs
     replies: dict[str, dict[str, float]] = {}
     for team_name in cfg.teams:
         session = Session.of(team_name, None, cfg.run)
@@ -49,7 +57,13 @@ def evaluate(
             counts = {k: v for k, v in res.metrics.items() if k.startswith("conductor/")}
             if counts.get("conductor/decisions"):
                 replies[f"{session.team.name}/{label}"] = counts
+            for spec in cfg.perturb:
+                path = out / "episodes" / f"{session.team.name}-{label}@{spec}.jsonl"
+                res = record(replace(rc, perturb=(spec,)), path, resume=True, session=session)
+                perturbed[spec].extend(read_trajectories(res.trajectories).episodes)
     rows, _paired, paths = evaluation_report(all_eps, out)
+    if cfg.perturb:
+        paths.update(write_robustness(robustness_rows(all_eps, perturbed), out))
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
     if replies:
         paths["replies_json"] = out / "conductor_replies.json"

@@ -40,6 +40,9 @@ class RecordConfig:
     difficulty: int | None = None  # one difficulty level (None = mixed)
     # ε-random exploration: share of decisions replaced by a random legal action (recorded as NAME+epsE)
     epsilon: float = 0.0
+    # robustness: envs.perturb wrappers around every env (KIND=STRENGTH: drop, noise, action_noise, outage), seeded by
+    # the run seed and each episode's seed; what they did is in each episode's metadata["perturbations"]
+    perturb: tuple[str, ...] = ()
     run: RunOptions = RunOptions()  # seed, envs, cache, progress
 
     def conductor_specs(self) -> list[str]:
@@ -176,6 +179,8 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
                 num_envs=cfg.run.num_envs,
                 progress=cfg.run.progress,
                 episode_retries=cfg.run.episode_retries,
+                perturb=cfg.perturb,
+                perturb_seed=seed,
             )
             episodes += engine.run(todo, writer=writer, on_episode=lambda e: metrics_log.write(_episode_row(e)))
             stats.merge(engine.stats)

@@ -21,11 +21,12 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tqdm import tqdm
 
+from envs.perturb import Perturbation, parse_perturbation, perturbed
 from envs.tasks.base import Task, TaskFamily
 from envs.team_env import CONDUCTOR, Instruct, TeamEnv
 from orchestra.backends.base import BackendError, Completion, Failure, generate_settled
@@ -136,6 +137,8 @@ class RolloutEngine:
         num_envs: int = 8,
         progress: bool = True,
         episode_retries: int = 0,
+        perturb: Sequence[str] = (),
+        perturb_seed: int = 0,
     ) -> None:
         if episode_retries < 0:
             raise ValueError(f"episode_retries: expected an int >= 0, got {episode_retries}")
@@ -144,13 +147,21 @@ class RolloutEngine:
         self.conductor_name, self.conductor_checkpoint = conductor_name, conductor_checkpoint
         self.run_id, self.num_envs, self.progress = run_id, max(1, num_envs), progress
         self.episode_retries = episode_retries
+        # robustness wrappers (envs.perturb specs, e.g. "drop=0.2") around every env, seeded by perturb_seed and
+        # each episode's seed; their events go to the episode's metadata["perturbations"]
+        self.perturb, self.perturb_seed = tuple(perturb), int(perturb_seed)
+        if self.perturb:
+            for spec in self.perturb:
+                parse_perturbation(spec)  # a bad spec fails here, before any episode runs
         self._envs: list[TeamEnv] = []
         self.stats = RolloutStats()
 
     def _env(self, i: int) -> TeamEnv:
         while len(self._envs) <= i:
             encoder = self._envs[0].encoder if self._envs else None
-            self._envs.append(TeamEnv(self.team.env, self.family, encoder=encoder))
+            env = TeamEnv(self.team.env, self.family, encoder=encoder)
+            # a wrapper forwards every TeamEnv attribute (PettingZoo BaseWrapper), so the engine drives it unchanged
+            self._envs.append(cast(TeamEnv, perturbed(env, self.perturb, self.perturb_seed)) if self.perturb else env)
         return self._envs[i]
 
     def run(
@@ -263,6 +274,13 @@ class RolloutEngine:
                 ),
             }
             env.step(step_action)
+            executed = getattr(env, "executed_action", None)  # action noise (envs.perturb) may have replaced it
+            if self.perturb and isinstance(executed, int | np.integer) and int(executed) != a:
+                a = int(executed)
+                worker, instruction = env.config.decode_action(a)
+                s.pending["action"] = Action(
+                    id=a, kind="submit" if worker is None else "worker", worker=worker, instruction=instruction
+                )
             s.pending["vec"] = dict(env.step_reward_vector)
             if worker is None:
                 self._close_step(s, None)
@@ -336,6 +354,8 @@ class RolloutEngine:
         verdict = env.final_verdict if error is None else None
         cfg = env.config
         final_state = env.state_dict()
+        events = cast(Perturbation, env).all_events() if self.perturb else []
+        noted = {"perturb": list(self.perturb), "perturbations": events} if self.perturb else {}
         return Episode(
             schema_version=SCHEMA_VERSION,
             episode_id=s.job.episode_id,
@@ -366,6 +386,7 @@ class RolloutEngine:
                     if verdict is not None
                     else "not submitted (turn budget spent)"
                 ),
+                **noted,
             },
             error=error,
         )
