@@ -117,9 +117,11 @@ def _roots() -> dict[tuple[str, ...], Any]:
     from orchestra.jobs.inspect import ExportConfig
     from orchestra.jobs.phase1 import ReproduceConfig
     from orchestra.jobs.record import RecordConfig
+    from orchestra.report.html import HTMLReportConfig
 
     return {
         ("record",): RecordConfig,
+        ("report",): HTMLReportConfig,
         ("evaluate",): EvaluateConfig,
         ("trajectories", "export"): ExportConfig,
         ("demo",): DemoConfig(),
@@ -150,7 +152,7 @@ def _leaves(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tupl
 def test_the_same_commands_as_before() -> None:
     ap, handlers = build_parser()
     assert list(handlers) == [
-        "record", "evaluate", "trajectories", "cache", "teams", "families", "demo", "bench", "dataset", "train", "ope",
+        "record", "evaluate", "trajectories", "cache", "report", "teams", "families", "demo", "bench", "dataset", "train", "ope",
         "finetune-conductor", "distill", "reproduce", "finetune", "align",
     ]  # fmt: skip
     assert set(_leaves(ap)) >= set(_roots())

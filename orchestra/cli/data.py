@@ -87,6 +87,12 @@ def _cache(p: argparse.ArgumentParser, epilog: str) -> None:
     q.add_argument("--cache", default=None, help=where)
 
 
+def _report(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.report.html import HTMLReportConfig
+
+    add_options(p, HTMLReportConfig, [Opt("run_dir", positional=True), "out", "max_episodes"])
+
+
 def _nothing(p: argparse.ArgumentParser, epilog: str) -> None:
     """A command without options."""
 
@@ -152,6 +158,15 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
     for name, m in replies.items():
         print(f"{name}: {llm_replies_line(m)}")
     print("\n" + "  ".join(f"{k}: {v}" for k, v in paths.items()))
+    return 0
+
+
+def _cmd_report(a: argparse.Namespace) -> int:
+    from orchestra.report.html import HTMLReportConfig, write_html_report
+
+    cfg = build(HTMLReportConfig, a)
+    path = write_html_report(cfg.run_dir, cfg.out, cfg.max_episodes)
+    print(f"report: {path} (open it in a browser; it needs no network)")
     return 0
 
 
@@ -223,6 +238,9 @@ COMMANDS = {
     "evaluate": Command("compare conductors on the same held-out tasks", _evaluate, _cmd_evaluate),
     "trajectories": Command("inspect and export trajectory files", _trajectories, _cmd_trajectories),
     "cache": Command("the response cache: stats, export to / import from shards", _cache, _cmd_cache),
+    "report": Command(
+        "one self-contained HTML file of a run: tables, plots and a trajectory viewer", _report, _cmd_report
+    ),
     "teams": Command("list the built-in teams", _nothing, _cmd_teams),
     "families": Command("list the task families", _nothing, _cmd_families),
 }

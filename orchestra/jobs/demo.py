@@ -14,6 +14,7 @@ from typing import Literal
 from orchestra.jobs.align import AlignChainConfig, align_chain
 from orchestra.jobs.bench import BenchJob, run_bench_job
 from orchestra.jobs.phase1 import Phase1Config, run_phase1
+from orchestra.report.html import write_html_report
 from orchestra.teamtr.bench.config import BenchConfig
 
 
@@ -35,8 +36,15 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
     progress = cfg.phase1.run.progress
     if 1 in cfg.phases:
         run_phase1(cfg.phase1, out, command=f"orchestra demo --seed {cfg.phase1.run.seed}")
-    if 2 not in cfg.phases:
-        return 0
+    if 2 in cfg.phases:
+        _phase2(cfg, out, progress, say)
+    if 1 in cfg.phases:  # the report shows phase 1's tables, plots and episodes (phase 2 has its own summaries)
+        report = write_html_report(out)
+        say(f"\nHTML report (tables, plots, every episode's decisions; no network needed): {report}")
+    return 0
+
+
+def _phase2(cfg: DemoConfig, out: Path, progress: bool, say: Callable[[str], None]) -> None:
     result = run_bench_job(BenchJob(cfg.bench, str(out / "phase2" / "bench"), progress))
     say("\n# Phase 2 (demo scale): TeamTR on the telephone chain\n")
     say(result.section("J:equal_stages"))
@@ -46,12 +54,11 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
     report = Path(align.out) / "report.md"
     if report.exists():
         say("\n" + report.read_text(encoding="utf-8"))
-        return 0
+        return
     say("\n# Phase 2 (demo scale): Stage-0 swap of agent 1 of a 4-agent chain\n")
     res = align_chain(align)
     say(res.markdown)
     say("written: " + "  ".join(str(p) for p in res.written))
-    return 0
 
 
 __all__ = ["DemoConfig", "run_demo"]
