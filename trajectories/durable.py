@@ -46,4 +46,12 @@ def _remove(p: Path) -> None:
             p.unlink()
 
 
-__all__ = ["atomic_path"]
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, then rename it over ``path`` (readers see the old or the new file).
+    No fsync: for files rewritten often (metrics, a checkpoint's pointer), where :func:`atomic_path` is too slow."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+__all__ = ["atomic_path", "write_text_atomic"]

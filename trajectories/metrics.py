@@ -20,13 +20,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trajectories.durable import write_text_atomic
+
 STEP_KEYS: tuple[str, ...] = ("step", "global_step", "timesteps", "update", "stage", "epoch")
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -73,7 +69,7 @@ class MetricsWriter:
         self.rows: list[dict[str, Any]] = [dict(r) for r in rows or ()]
         self.columns: list[str] = []
         self._add_columns(self.rows)
-        _write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
+        write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
         self._rewrite_csv()
         self.tensorboard_dir = run_dir / "tensorboard" / name if tensorboard else None
         self._tb: Any = None
@@ -98,7 +94,7 @@ class MetricsWriter:
         w = csv.DictWriter(buf, fieldnames=self.columns, restval="")
         w.writeheader()
         w.writerows(self.rows)
-        _write_text_atomic(self.csv, buf.getvalue())
+        write_text_atomic(self.csv, buf.getvalue())
 
     def append(self, new_rows: Sequence[Mapping[str, Any]]) -> None:
         rows = [dict(r) for r in new_rows]

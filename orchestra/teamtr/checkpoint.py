@@ -41,6 +41,7 @@ from torch import Tensor
 from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
 from orchestra.teamtr.protocols import Metrics, TrainableTeam
 from policies.train_state import global_rng_state, set_global_rng_state
+from trajectories.durable import write_text_atomic
 from trajectories.metrics import MetricsWriter
 
 FORMAT = "orchestra.teamtr.run/1"
@@ -103,13 +104,6 @@ def check_config(saved: dict[str, Any], current: dict[str, Any], source: Path) -
     diffs = config_differences(saved, current)
     if diffs:
         raise ConfigMismatchError(f"cannot resume: the config differs from {source} in " + "; ".join(diffs))
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary sibling, then rename it over ``path`` (readers see the old or the new file)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_json(path: Path) -> Any:
