@@ -13,8 +13,8 @@ What it holds:
   the browser test drives them.
 
 Episodes come from every trajectory file under the run directory (``*.jsonl`` other than metrics and ledgers). A
-perturbed run (``--perturb``) shows as ``CONDUCTOR @SPEC``. At most ``max_episodes`` are embedded (the first, in
-file order); the page says how many were left out.
+perturbed run (``--perturb``) shows as ``CONDUCTOR @SPEC``. At most ``max_episodes`` are embedded, held-out ones
+first (``test/``, ``episodes/``, then ``validation/``); the page says how many were left out.
 """
 
 from __future__ import annotations
@@ -85,9 +85,11 @@ def _plots(run_dir: Path) -> list[dict[str, str]]:
 
 
 def _episode_files(run_dir: Path) -> list[Path]:
-    return sorted(
-        p for p in run_dir.rglob("*.jsonl") if not p.stem.startswith(SKIP_JSONL) and "_run" not in p.parent.name
-    )
+    """Trajectory files under ``run_dir``, held-out ones first (``test/`` and ``episodes/``, then ``validation/``,
+    then the rest), so the embedded episodes are the evaluated ones when there are more than ``max_episodes``."""
+    files = [p for p in run_dir.rglob("*.jsonl") if not p.stem.startswith(SKIP_JSONL) and "_run" not in p.parent.name]
+    rank = {"test": 0, "episodes": 0, "validation": 1}
+    return sorted(files, key=lambda p: (min([rank.get(d, 2) for d in p.relative_to(run_dir).parts[:-1]] or [2]), p))
 
 
 def _labels(team: str, n: int) -> list[str]:
