@@ -52,6 +52,7 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("bench.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
             Opt("bench.seed", "--seed"),
             Opt("progress", "--quiet", help="no progress output"),
+            "tensorboard",
         ],
     )
     q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")

@@ -20,6 +20,7 @@ class BenchJob:
     bench: BenchConfig = field(default_factory=BenchConfig)  # chains, schemes, seeds and the trainer of every run
     out: str = "runs/bench_teamtr"  # output directory (an existing one of the same config is resumed)
     progress: bool = True  # one line per finished run on stderr
+    tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
 
 
 def run_bench_job(job: BenchJob) -> BenchResult:
@@ -28,7 +29,7 @@ def run_bench_job(job: BenchJob) -> BenchResult:
     from orchestra.teamtr.bench.run import run_bench
 
     torch.set_num_threads(1)  # tiny models are dispatch-bound
-    return run_bench(job.bench, job.out, progress=job.progress)
+    return run_bench(job.bench, job.out, progress=job.progress, tensorboard=job.tensorboard)
 
 
 @dataclass(frozen=True)

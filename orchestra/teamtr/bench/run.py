@@ -39,6 +39,7 @@ from orchestra.teamtr.bench.report import join_sections, plot, summary_sections
 from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
+from trajectories.metrics import MetricsWriter
 
 RUN_FIELDS = (
     "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",
@@ -78,9 +79,17 @@ class _Snapshots:
 
 
 def run_one(
-    cfg: BenchConfig, team: ChainTeam, warm: list[dict[str, torch.Tensor]], n: int, scheme: str, seed: int
+    cfg: BenchConfig,
+    team: ChainTeam,
+    warm: list[dict[str, torch.Tensor]],
+    n: int,
+    scheme: str,
+    seed: int,
+    tensorboard: Path | None = None,
 ) -> tuple[list[dict[str, Any]], _Snapshots]:
-    """Train ``scheme`` from the warm state ``warm`` of ``team``; rows of ``runs.csv`` and the recorded snapshots."""
+    """Train ``scheme`` from the warm state ``warm`` of ``team``; rows of ``runs.csv`` and the recorded snapshots.
+    ``tensorboard``: a folder where the run's update and stage metrics go as JSONL, CSV and TensorBoard event files
+    (``n{n}-{scheme}-s{seed}/``)."""
     for i, state in enumerate(warm):
         team.load_adapter_state(i, state)
     for model in team.models:
@@ -88,6 +97,11 @@ def run_one(
             p.grad = None
     rec = _Snapshots(team)
     log = train(ChainTrainable(team), trainer_config(cfg, n, seed, scheme), hooks=TrainHooks(rec.before, rec.after))
+    if tensorboard is not None:
+        for name, metric_rows in (("updates", log.updates), ("stages", log.stages)):
+            writer = MetricsWriter(tensorboard / f"n{n}-{scheme}-s{seed}", name, tensorboard=True)
+            writer.append(metric_rows)
+            writer.close()
     train_index = "fresh" if scheme == "teamtr" else "stale"
     nan = math.nan
     rows: list[dict[str, Any]] = [
@@ -183,9 +197,9 @@ class BenchResult:
         return join_sections(self.sections, names).strip()
 
 
-def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True) -> BenchResult:
+def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True, tensorboard: bool = False) -> BenchResult:
     """Run every (n, scheme, seed), write the tables and plots into ``out_dir``; returns ``summary.md`` and its
-    sections.
+    sections. ``tensorboard``: each run's metrics also under ``out_dir/runs/`` (event files included).
 
     Resume: if ``out_dir`` already holds this exact ``config.json``, runs complete in its ``runs.csv`` are skipped.
 
@@ -220,7 +234,7 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True) -> B
             warm = [team.adapter_state(i) for i in range(n)]
             for scheme in todo:
                 t_run = time.perf_counter()
-                new, _ = run_one(cfg, team, warm, n, scheme, seed)
+                new, _ = run_one(cfg, team, warm, n, scheme, seed, out / "runs" if tensorboard else None)
                 _write_csv(runs_path, new, RUN_FIELDS, mode="a")
                 rows += new
                 if progress:
