@@ -13,6 +13,7 @@ from typing import Literal
 
 from orchestra.jobs.align import AlignChainConfig, align_chain
 from orchestra.jobs.bench import BenchJob, run_bench_job
+from orchestra.jobs.evaluate import EvaluateConfig, evaluate
 from orchestra.jobs.phase1 import Phase1Config, run_phase1
 from orchestra.report.html import write_html_report
 from orchestra.teamtr.bench.config import BenchConfig
@@ -29,6 +30,9 @@ class DemoConfig:
     phase1: Phase1Config = field(default_factory=Phase1Config.demo)  # phase 1 at demo scale
     bench: BenchConfig = field(default_factory=BenchConfig.demo)  # the benchmark at demo scale (about a minute)
     align: AlignChainConfig = AlignChainConfig()  # the Stage-0 swap of agent 1 of a 4-agent chain
+    # robustness (after phase 1): these conductors on phase 1's test tasks, clean and under each perturbation
+    robustness: tuple[str, ...] = ("drop=0.2", "noise=0.1")  # envs.perturb specs; () = skip
+    robustness_conductors: tuple[str, ...] = ("single_shot", "heuristic")
 
 
 def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
@@ -36,12 +40,23 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
     progress = cfg.phase1.run.progress
     if 1 in cfg.phases:
         run_phase1(cfg.phase1, out, command=f"orchestra demo --seed {cfg.phase1.run.seed}")
+        if cfg.robustness:
+            _robustness(cfg, out, say)
     if 2 in cfg.phases:
         _phase2(cfg, out, progress, say)
     if 1 in cfg.phases:  # the report shows phase 1's tables, plots and episodes (phase 2 has its own summaries)
         report = write_html_report(out)
         say(f"\nHTML report (tables, plots, every episode's decisions; no network needed): {report}")
     return 0
+
+
+def _robustness(cfg: DemoConfig, out: Path, say: Callable[[str], None]) -> None:
+    p1 = cfg.phase1
+    ev = EvaluateConfig(teams=tuple(p1.teams), conductors=cfg.robustness_conductors, episodes=p1.eval_episodes,
+                        split="test", perturb=cfg.robustness, run=p1.run)  # fmt: skip
+    _, paths, _ = evaluate(ev, out / "robustness")
+    say("\n# Robustness (demo scale): the same test tasks under perturbed communication\n")
+    say(paths["robustness_md"].read_text(encoding="utf-8").split("\n\n", 2)[-1].rstrip())
 
 
 def _phase2(cfg: DemoConfig, out: Path, progress: bool, say: Callable[[str], None]) -> None:

@@ -4,7 +4,7 @@ data URIs), rendered with jinja2 from ``templates/report.html.j2``.
 What it holds:
 
 * every results CSV the run wrote (``results.csv``, ``paired.csv``, ``robustness.csv``, ``headroom.csv``…, found
-  in the run directory and its ``report/`` folder) as tables;
+  in the run directory and its ``report/`` and ``robustness/`` folders) as tables;
 * every PNG there, embedded;
 * a trajectory viewer: per episode, each conductor decision with the legal actions it had, the chosen worker's
   message (tool outputs included), the step's reward, tokens, and the perturbations that touched it; filters by
@@ -27,6 +27,10 @@ from typing import Any
 
 from trajectories import Episode, read_trajectories
 
+SUBDIRS = (
+    "report",
+    "robustness",
+)  # where a run's tables and plots may also be (phase 1's report, the demo's robustness)
 SKIP_JSONL = ("metrics", "updates", "stages", "test_ledger", "evals")
 TABLES = (  # file stem -> section title, in page order
     ("results", "Results (success: 95% Wilson interval; return, turns, tokens: 95% bootstrap)"),
@@ -69,7 +73,7 @@ def _cell(v: str) -> str:
 def _tables(run_dir: Path) -> list[_Table]:
     out = []
     for stem, title in TABLES:
-        for path in (run_dir / f"{stem}.csv", run_dir / "report" / f"{stem}.csv"):
+        for path in (run_dir / f"{stem}.csv", *(run_dir / d / f"{stem}.csv" for d in SUBDIRS)):
             if path.is_file():
                 with path.open(newline="", encoding="utf-8") as f:
                     rows = list(csv.reader(f))
@@ -80,7 +84,7 @@ def _tables(run_dir: Path) -> list[_Table]:
 
 
 def _plots(run_dir: Path) -> list[dict[str, str]]:
-    pngs = sorted([*run_dir.glob("*.png"), *(run_dir / "report").glob("*.png")])
+    pngs = sorted([*run_dir.glob("*.png"), *(p for d in SUBDIRS for p in (run_dir / d).glob("*.png"))])
     return [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode("ascii")} for p in pngs]
 
 
