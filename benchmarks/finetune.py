@@ -147,6 +147,7 @@ def run(
         "perf/sample_roofline_share": flops(body, head, processed, generated, 1) / dt / 1e9 / roof,
         "perf/turns": len(turns), "perf/tokens_processed": processed,
         "perf/sample_prefilled_tokens": prefilled, "perf/sample_decode_steps": sum(steps.values()),
+        "perf/sample_decode_row_steps": sum(r * k for r, k in steps.items()),
         "perf/sample_mean_rows_per_step": sum(r * k for r, k in steps.items()) / max(1, sum(steps.values())),
         "perf/decode_roofline_ms_1_row": 1e3 * decode_roofline(team, 1),
         f"perf/decode_roofline_ms_{episodes}_rows": 1e3 * decode_roofline(team, episodes),

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from envs.tasks.base import Task
 from envs.tasks.registry import get_family
@@ -19,6 +20,7 @@ from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker
+from policies.dataset import ConductorDataset
 from trajectories import Episode, TrajectoryWriter
 
 
@@ -98,3 +100,11 @@ def record_scripted(
         return engine.run(jobs)
     with TrajectoryWriter(path, resume=path.exists()) as writer:  # as `orchestra record --resume`: skip what is done
         return engine.run([j for j in jobs if j.episode_id not in writer.done_ids], writer=writer)
+
+
+def array_dataset(**arrays: Any) -> ConductorDataset:
+    """A ConductorDataset from its arrays alone (``observations``, ``actions``, ``rewards``, ``terminals``,
+    ``timeouts``, ``masks``, ``episode_index``, ``final_observations``, ``episodes``) in a fixed small layout: three
+    features f0..f2, actions ``w:x`` and ``submit``, no stored states. For tests of episode boundaries."""
+    return ConductorDataset(**arrays, states=[{}] * len(arrays["actions"]), feature_names=["f0", "f1", "f2"],
+                            action_labels=["w:x", "submit"], weights={}, team="t", embedder="none")  # fmt: skip

@@ -14,7 +14,7 @@ from envs.observation import ObservationEncoder
 from orchestra.runtime.team_file import load_team
 from policies.checkpoint import LayoutError
 from policies.dataset import ConductorDataset, DatasetError, DatasetFilter, build_dataset
-from tests.scripted import arithmetic_team, record_scripted
+from tests.scripted import arithmetic_team, array_dataset, record_scripted
 
 TEAM = arithmetic_team()
 ENC = ObservationEncoder(TEAM.env)
@@ -69,7 +69,7 @@ def test_filters(episodes) -> None:  # type: ignore[no-untyped-def]
 def _ds(terminated: list[bool], truncated: list[bool]) -> ConductorDataset:
     """Two one-decision episodes with chosen end flags (arrays only)."""
     n, d, a = len(terminated), 3, 2
-    return ConductorDataset(
+    return array_dataset(
         observations=np.arange(n * d, dtype=np.float32).reshape(n, d),
         actions=np.zeros(n, np.int64),
         rewards=np.ones(n, np.float32),
@@ -79,12 +79,6 @@ def _ds(terminated: list[bool], truncated: list[bool]) -> ConductorDataset:
         episode_index=np.arange(n),
         final_observations=np.full((n, d), 99.0, np.float32),
         episodes=[],
-        states=[{}] * n,
-        feature_names=["f0", "f1", "f2"],
-        action_labels=["w:x", "submit"],
-        weights={},
-        team="t",
-        embedder="none",
     )
 
 

@@ -12,7 +12,7 @@ from envs.observation import ObservationEncoder
 from orchestra.cli import main
 from policies.dataset import ConductorDataset, DatasetError, EpisodeInfo, build_dataset
 from policies.minari_io import load_minari, minari_header, to_minari
-from tests.scripted import arithmetic_team, record_scripted
+from tests.scripted import arithmetic_team, array_dataset, record_scripted
 
 TEAM = arithmetic_team()
 
@@ -53,7 +53,7 @@ def test_truncated_and_terminated_episodes_keep_their_ends(tmp_path: Path) -> No
     n, d = 5, 3  # episodes: [0, 1] terminated, [2] truncated (turn budget), [3, 4] terminated
     index = np.array([0, 0, 1, 2, 2])
     ends = np.array([0, 1, 1, 0, 1], np.float32)
-    ds = ConductorDataset(
+    ds = array_dataset(
         observations=np.arange(n * d, dtype=np.float32).reshape(n, d),
         actions=np.array([0, 1, 1, 0, 1], np.int64),
         rewards=np.array([-0.02, 1.0, 0.0, -0.02, 0.5], np.float32),
@@ -63,12 +63,6 @@ def test_truncated_and_terminated_episodes_keep_their_ends(tmp_path: Path) -> No
         episode_index=index,
         final_observations=np.full((3, d), 99.0, np.float32) + np.arange(3)[:, None],
         episodes=[EpisodeInfo(str(i), "c", "f", "train", str(i), i != 1, 1.0, i == 1, 2 - (i == 1)) for i in range(3)],
-        states=[{}] * n,
-        feature_names=["f0", "f1", "f2"],
-        action_labels=["w:x", "submit"],
-        weights={},
-        team="t",
-        embedder="none",
     )
     to_minari(ds, "t-v0", tmp_path)
     m = load_minari("t-v0", tmp_path)
