@@ -56,6 +56,17 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class GeneratedIds:
+    """One completion of a token-id prompt (``generate_ids`` of the transformers and HTTP backends): the sampled ids
+    and their behaviour log-probs. ``text`` is None without a tokenizer."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    text: str | None = None
+
+
+@dataclass(frozen=True)
 class Completion:
     text: str
     token_ids: tuple[int, ...]  # sampled ids, exactly as generated (never re-tokenised text)
@@ -69,9 +80,11 @@ class Completion:
 
 @runtime_checkable
 class Backend(Protocol):
-    """Something that completes chats. ``model_id`` names the model in trajectories and cache keys."""
+    """Something that completes chats. ``model_id`` names the model in trajectories and cache keys (read-only: an
+    attribute or a property, e.g. one that changes when an HTTP backend publishes an adapter version)."""
 
-    model_id: str
+    @property
+    def model_id(self) -> str: ...
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         """Complete every request; output order = input order. Batches where it can."""

@@ -179,7 +179,6 @@ class CachedBackend:
     def __init__(self, inner: Backend, cache: ResponseCache) -> None:
         self.inner = inner
         self.cache = cache
-        self.model_id = inner.model_id
         self.namespace = str(getattr(inner, "cache_namespace", ""))
         self.seeded_sampling = bool(getattr(inner, "seeded_sampling", False))
         # a sample depends on the backend's seed too: it is part of a sampled request's key
@@ -191,6 +190,12 @@ class CachedBackend:
 
     def __repr__(self) -> str:
         return f"CachedBackend({self.inner!r}, {self.cache!r})"
+
+    @property
+    def model_id(self) -> str:
+        """The inner backend's, read at each request: an HTTP backend's changes when it publishes an adapter version,
+        so a reply cached under one version never answers for another."""
+        return str(self.inner.model_id)
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         out = self.generate_settled(requests, settle=False)

@@ -27,7 +27,6 @@ import threading
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from orchestra.backends.base import (
     ChatMessage,
     Completion,
     FinishReason,
+    GeneratedIds,
     GenerationParams,
     GenerationRequest,
     Usage,
@@ -68,16 +68,6 @@ def quiet_loading() -> Iterator[None]:
             gguf_utils.tqdm = old
         if bar:
             hf_logging.enable_progress_bar()
-
-
-@dataclass(frozen=True)
-class GeneratedIds:
-    """One row of :meth:`TransformersBackend.generate_ids`. ``text`` is None without a tokenizer."""
-
-    token_ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
-    finish_reason: FinishReason
-    text: str | None = None
 
 
 class TransformersBackend:

@@ -121,7 +121,17 @@ def physical_cores() -> int:
     """Physical cores this process may run on: llama.cpp's own default (``cpu_get_num_math`` in
     common.cpp) — one thread per core, hyper-threads excluded. llama-cpp-python's default, half the
     logical CPUs, halves decode speed on a machine without SMT (measured here: 2 cores, 1 vs 2
-    threads, ~50 vs ~75 tok/s on SmolLM2)."""
+    threads, ~50 vs ~75 tok/s on SmolLM2).
+
+    ``OMP_NUM_THREADS``, when set, caps it (torch honours it too): a Ray rollout actor that reserved one CPU runs on
+    one thread (orchestra/runtime/distributed.py)."""
+    cap = os.environ.get("OMP_NUM_THREADS", "").strip()
+    limit = int(cap) if cap.isdigit() and int(cap) > 0 else None
+    cores = _physical_cores()
+    return min(cores, limit) if limit else cores
+
+
+def _physical_cores() -> int:
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     cores = set()
     for cpu in cpus:

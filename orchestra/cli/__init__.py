@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from envs.tasks.user_data import UserDataError
     from envs.team_env import IllegalActionError
     from orchestra.backends.base import BackendError
+    from orchestra.runtime.distributed import RayRolloutError
     from orchestra.runtime.team_file import TeamFileError
     from policies.base import PolicyError
     from policies.dataset import DatasetError
@@ -84,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         DatasetError,
         IllegalActionError,
         BackendError,
+        RayRolloutError,
         TrajectoryFileError,
         SchemaError,
         ValueError,

@@ -19,6 +19,10 @@ def run_options(prefix: str = "run") -> list[str | Opt]:
         Opt(f"{prefix}.progress", "--quiet", help="no progress bar"),
         Opt(f"{prefix}.serial", "--serial"),
         Opt(f"{prefix}.episode_retries", "--episode-retries"),
+        Opt(f"{prefix}.ray", "--ray"),
+        Opt(f"{prefix}.ray_address", "--ray-address", metavar="ADDR"),
+        Opt(f"{prefix}.ray_actors", "--ray-actors"),
+        Opt(f"{prefix}.ray_actor_cpus", "--ray-actor-cpus"),
     ]
 
 

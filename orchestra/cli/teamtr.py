@@ -245,6 +245,16 @@ def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("trainer.keep_checkpoints", "--keep-checkpoints"),
         ],
     )
+    add_options(
+        p.add_argument_group("sampling server (vLLM)"),
+        root,
+        [
+            Opt("team.sampler_url", "--sampler-url", metavar="URL"),
+            Opt("team.sampler_model", "--sampler-model"),
+            Opt("team.sampler_adapter_dir", "--sampler-adapter-dir", metavar="DIR"),
+            Opt("team.sampler_concurrency", "--sampler-concurrency"),
+        ],
+    )
 
 
 def _align(p: argparse.ArgumentParser, epilog: str) -> None:

@@ -3,6 +3,7 @@ report (tables, CSV, plots) from the recorded episodes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from orchestra.jobs.record import RecordConfig, record
 from orchestra.report.evaluation import ResultRow, evaluation_report
 from orchestra.report.robustness import robustness_rows, write_robustness
 from orchestra.runtime.conductors import split_spec
+from orchestra.runtime.distributed import RayOptions, RayPool, ray_cluster
 from orchestra.runtime.session import RunOptions, Session
 from trajectories import Episode, read_trajectories
 
@@ -46,21 +48,30 @@ def evaluate(
     for spec in cfg.perturb:
         parse_perturbation(spec)  # a bad spec is refused before anything runs
     replies: dict[str, dict[str, float]] = {}
-    for team_name in cfg.teams:
-        session = Session.of(team_name, None, cfg.run)
-        for spec in cfg.conductors:
-            conductor = spec.replace("{team}", session.team.name)
-            rc = RecordConfig(team_name, conductor, cfg.episodes, cfg.split, run=cfg.run)
-            label, _ = split_spec(conductor)
-            res = record(rc, out / "episodes" / f"{session.team.name}-{label}.jsonl", resume=True, session=session)
-            all_eps.extend(read_trajectories(res.trajectories).episodes)
-            counts = {k: v for k, v in res.metrics.items() if k.startswith("conductor/")}
-            if counts.get("conductor/decisions"):
-                replies[f"{session.team.name}/{label}"] = counts
-            for spec in cfg.perturb:
-                path = out / "episodes" / f"{session.team.name}-{label}@{spec}.jsonl"
-                res = record(replace(rc, perturb=(spec,)), path, resume=True, session=session)
-                perturbed[spec].extend(read_trajectories(res.trajectories).episodes)
+    ray_opts = RayOptions.of(cfg.run)
+    with contextlib.ExitStack() as stack:
+        if ray_opts is not None:
+            stack.enter_context(ray_cluster(ray_opts))  # one cluster for the whole evaluation
+        for team_name in cfg.teams:
+            session = Session.of(team_name, None, cfg.run)
+            with contextlib.ExitStack() as team_stack:
+                pool = None  # one pool of actors per team, for all its conductors and perturbations
+                if ray_opts is not None:
+                    pool = team_stack.enter_context(RayPool(ray_opts, team_name, None, cfg.run))
+                for spec in cfg.conductors:
+                    conductor = spec.replace("{team}", session.team.name)
+                    rc = RecordConfig(team_name, conductor, cfg.episodes, cfg.split, run=cfg.run)
+                    label, _ = split_spec(conductor)
+                    path = out / "episodes" / f"{session.team.name}-{label}.jsonl"
+                    res = record(rc, path, resume=True, session=session, pool=pool)
+                    all_eps.extend(read_trajectories(res.trajectories).episodes)
+                    counts = {k: v for k, v in res.metrics.items() if k.startswith("conductor/")}
+                    if counts.get("conductor/decisions"):
+                        replies[f"{session.team.name}/{label}"] = counts
+                    for kind in cfg.perturb:
+                        path = out / "episodes" / f"{session.team.name}-{label}@{kind}.jsonl"
+                        res = record(replace(rc, perturb=(kind,)), path, resume=True, session=session, pool=pool)
+                        perturbed[kind].extend(read_trajectories(res.trajectories).episodes)
     rows, _paired, paths = evaluation_report(all_eps, out)
     if cfg.perturb:
         paths.update(write_robustness(robustness_rows(all_eps, perturbed), out))

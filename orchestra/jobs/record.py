@@ -10,17 +10,16 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from envs.tasks.base import SPLITS, Split
 from orchestra.jobs.rundir import write_run_config
-from orchestra.runtime.conductors import conductor_factory, split_spec
-from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, RolloutStats, episode_metrics, plan_jobs
+from orchestra.runtime.conductors import split_spec
+from orchestra.runtime.distributed import EnginePlan, RayOptions, RayPool, ray_cluster
+from orchestra.runtime.rollout import EpisodeJob, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
-from policies.base import ConductorPolicy
-from policies.exploration import EpsilonGreedyConductor, exploring_name
+from policies.exploration import exploring_name
 from trajectories import Episode, TrajectoryWriter
 from trajectories.metrics import MetricsWriter
 
@@ -89,10 +88,6 @@ def _episode_row(e: Episode) -> dict[str, Any]:
     }
 
 
-def _exploring(base: Callable[[], ConductorPolicy], epsilon: float, seed: int) -> ConductorPolicy:
-    return EpsilonGreedyConductor(base(), epsilon, seed)
-
-
 def planned_jobs(cfg: RecordConfig, session: Session) -> dict[str, list[EpisodeJob]]:
     """The episodes a recording plans, per conductor spec: the same on every run (``--resume`` relies on it)."""
     if cfg.split not in SPLITS:
@@ -129,7 +124,13 @@ def is_interactive(cfg: RecordConfig) -> bool:
     return any(split_spec(spec)[0] == "human" for spec in cfg.conductor_specs())
 
 
-def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Session | None = None) -> RecordResult:
+def record(
+    cfg: RecordConfig,
+    out: str | Path,
+    resume: bool = False,
+    session: Session | None = None,
+    pool: RayPool | None = None,
+) -> RecordResult:
     """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly.
 
     With a human conductor the session's screen holds only the conversation: the progress bar is off and the
@@ -138,11 +139,33 @@ def record(cfg: RecordConfig, out: str | Path, resume: bool = False, session: Se
     if is_interactive(cfg):
         cfg = replace(cfg, run=replace(cfg.run, progress=False))
         with screen_to_log(run_paths(out)[1] / "session.log"):
-            return _record(cfg, out, resume, session)
-    return _record(cfg, out, resume, session)
+            return _record(cfg, out, resume, session, pool)
+    return _record(cfg, out, resume, session, pool)
 
 
-def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session | None) -> RecordResult:
+def _play_here(
+    plan: EnginePlan,
+    session: Session,
+    run: RunOptions,
+    planned: int,
+    todo: list[EpisodeJob],
+    writer: TrajectoryWriter,
+    on_episode: Callable[[Episode], None],
+) -> tuple[list[Episode], RolloutStats, dict[str, float]]:
+    """``todo`` played in this process (the counterpart of :meth:`RayPool.play`)."""
+    engine, base = plan.engine(session, run)
+    tell = getattr(base(), "plan", None)  # a person is told where the recording stands (HumanConductor)
+    if tell is not None:
+        tell(planned - len(todo), planned)
+    engine.progress = run.progress
+    got = engine.run(todo, writer=writer, on_episode=on_episode)
+    counters = getattr(base(), "counters", None)
+    return got, engine.stats, dict(counters()) if counters is not None else {}
+
+
+def _record(
+    cfg: RecordConfig, out: str | Path, resume: bool, session: Session | None, pool: RayPool | None
+) -> RecordResult:
     traj_path, run_dir = run_paths(out)
     session = session or Session.of(cfg.team, cfg.family, cfg.run)
     team, family = session.team, session.family
@@ -152,42 +175,35 @@ def _record(cfg: RecordConfig, out: str | Path, resume: bool, session: Session |
     skipped = 0
     stats = RolloutStats()
     conductor_counts: dict[str, float] = {}
-    with TrajectoryWriter(traj_path, resume=resume) as writer:
+    ray_opts = RayOptions.of(cfg.run)
+    if ray_opts is not None and is_interactive(cfg):
+        raise ValueError("--ray: a person conducts one episode at a time in this terminal; drop --ray for human")
+    if ray_opts is None and pool is None:
+        _ = session.workers  # loaded here (a bad model path fails before any file is opened); with Ray, in the actors
+    with contextlib.ExitStack() as stack:
+        writer = stack.enter_context(TrajectoryWriter(traj_path, resume=resume))
         write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
         metrics_log = MetricsWriter(run_dir, resume=resume)  # one row per recorded episode
+        left = any(j.episode_id not in writer.done_ids for js in plans.values() for j in js)
+        if pool is None and ray_opts is not None and left:  # a cluster and actors for this recording alone
+            stack.enter_context(ray_cluster(ray_opts))
+            pool = stack.enter_context(RayPool(ray_opts, cfg.team, cfg.family, cfg.run))
         for spec, jobs in plans.items():
-            label, checkpoint = split_spec(spec)
-            name = exploring_name(label, cfg.epsilon)
+            name = exploring_name(split_spec(spec)[0], cfg.epsilon)
             run_id = _run_id(team.name, name, family.name, cfg.split, seed, cfg.difficulty)
             todo = [j for j in jobs if j.episode_id not in writer.done_ids]
             skipped += len(jobs) - len(todo)
-            base = conductor_factory(spec, team, seed, session.backends())
-            plan = getattr(base(), "plan", None)  # a person is told where the recording stands (HumanConductor)
-            if plan is not None:
-                plan(len(jobs) - len(todo), len(jobs))
-            factory = base
-            if cfg.epsilon > 0:
-                factory = partial(_exploring, base, cfg.epsilon, seed)
-            engine = RolloutEngine(
-                team,
-                family,
-                session.workers,
-                factory,
-                conductor_name=name,
-                conductor_checkpoint=checkpoint,
-                run_id=run_id,
-                num_envs=cfg.run.num_envs,
-                progress=cfg.run.progress,
-                episode_retries=cfg.run.episode_retries,
-                perturb=cfg.perturb,
-                perturb_seed=seed,
-            )
-            episodes += engine.run(todo, writer=writer, on_episode=lambda e: metrics_log.write(_episode_row(e)))
-            stats.merge(engine.stats)
-            counters = getattr(base(), "counters", None)  # an LLM conductor's reply counts (this run's decisions)
-            if counters is not None:
-                for k, v in counters().items():
-                    conductor_counts[k] = conductor_counts.get(k, 0) + v
+            plan = EnginePlan(spec, name, run_id, seed, cfg.epsilon, tuple(cfg.perturb))
+            on_episode = lambda e: metrics_log.write(_episode_row(e))  # noqa: E731
+            if pool is not None:
+                desc = f"{team.name}/{name} ({len(pool.actors)} ray actors)"
+                got, got_stats, counts = pool.play(plan, todo, writer, on_episode, cfg.run.progress, desc)
+            else:
+                got, got_stats, counts = _play_here(plan, session, cfg.run, len(jobs), todo, writer, on_episode)
+            episodes += got
+            stats.merge(got_stats)
+            for k, v in counts.items():  # an LLM conductor's reply counts (this run's decisions)
+                conductor_counts[k] = conductor_counts.get(k, 0) + v
     metrics = {**stats.as_metrics(), **episode_metrics(episodes), **conductor_counts}
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
     return RecordResult(traj_path, run_dir, episodes, skipped, metrics)

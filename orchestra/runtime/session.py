@@ -3,6 +3,7 @@ every recording job shares."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,12 @@ class RunOptions:
     # counted by cause, left out of results and datasets); replay such an episode from its start up to this many
     # times first
     episode_retries: int = 0
+    # Ray-distributed rollouts (orchestra/runtime/distributed.py): actors play the episodes, this process writes
+    # them; --ray starts a local cluster
+    ray: bool = False
+    ray_address: str | None = None  # an existing Ray cluster (e.g. HEAD:6379, or "auto"); implies --ray
+    ray_actors: int = 2  # rollout actors, each with its own workers and backends
+    ray_actor_cpus: float = 1.0  # Ray CPUs each actor reserves; its native libraries run on that many threads
 
 
 def is_user_data(name: str) -> bool:
@@ -58,12 +65,17 @@ class Session:
     ) -> None:
         self.team = load_team(team)
         self.family = resolve_family(self.team, family)
-        self.workers: dict[str, Worker] = build_workers(
+        self._cache_path, self._use_cache, self._serial = cache_path, use_cache, serial
+
+    @functools.cached_property
+    def workers(self) -> dict[str, Worker]:
+        """The team's workers with their backends, loaded on first use (a Ray driver plans episodes without them)."""
+        return build_workers(
             self.team,
             self.family.tools(),
-            cache_path=Path(cache_path) if cache_path else None,
-            use_cache=use_cache,
-            serial=serial,
+            cache_path=Path(self._cache_path) if self._cache_path else None,
+            use_cache=self._use_cache,
+            serial=self._serial,
         )
 
     @classmethod

@@ -42,6 +42,9 @@ class WorkerRuntime:
     backend: str | None  # key into TeamSpec.backends (LLM workers)
     tool: str | None  # tool name in the task family (tool workers)
     generation: GenerationParams
+    # the worker's LoRA adapter on its backend (an http backend sends it as the request's model: vLLM --enable-lora;
+    # a transformers backend selects its loaded adapter of that name); None = the base model
+    adapter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,9 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
         ins = w.get("instructions", list)
         backend = w.get("backend", str, None)
         tool = w.get("tool", str, None)
+        adapter = w.get("adapter", str, None)
+        if adapter is not None and kind != "llm":
+            raise w.err("adapter", "only an llm worker has a LoRA adapter")
         if kind == "llm":
             if backend is None:
                 raise w.err("backend", "an llm worker needs a backend (a key of the backends section)")
@@ -253,7 +259,7 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
                 prompt_version=w.get("prompt_version", str, "v1"),
             )
         )
-        runtimes[wname] = WorkerRuntime(wname, kind, backend, tool, gen)
+        runtimes[wname] = WorkerRuntime(wname, kind, backend, tool, gen, adapter)
         w.check_unknown()
     rw_f = top.sub("reward_weights", {})
     weights = dict(DEFAULT_REWARD_WEIGHTS)

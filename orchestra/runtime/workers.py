@@ -35,10 +35,13 @@ class Worker:
     params: GenerationParams
     prompt_version: str
     tool: str | None = None
+    adapter: str | None = None  # the worker's LoRA adapter on its backend (team file ``adapter:``)
 
     @property
     def model_id(self) -> str:
-        return f"tool:{self.tool}" if self.kind == "tool" else self.backend.model_id
+        if self.kind == "tool":
+            return f"tool:{self.tool}"
+        return f"{self.backend.model_id}+lora:{self.adapter}" if self.adapter else self.backend.model_id
 
     def request(
         self, chat: Sequence[Mapping[str, str]], task: Task, transcript: Sequence[Mapping[str, Any]], seed: int
@@ -55,6 +58,8 @@ class Worker:
         context: dict[str, Any] = {"task": task, "transcript": list(transcript)}
         if self.tool is not None:
             context["tool"] = self.tool
+        if self.adapter is not None:
+            context["adapter"] = self.adapter
         return GenerationRequest(messages=messages_from_dicts(chat), params=params, context=context)
 
     @staticmethod
@@ -101,5 +106,7 @@ def build_workers(
             workers[ws.name] = Worker(ws.name, "tool", tool_backend, rt.generation, ws.prompt_version, rt.tool)
         else:
             assert rt.backend is not None
-            workers[ws.name] = Worker(ws.name, "llm", backends[rt.backend], rt.generation, ws.prompt_version)
+            workers[ws.name] = Worker(
+                ws.name, "llm", backends[rt.backend], rt.generation, ws.prompt_version, adapter=rt.adapter
+            )
     return workers

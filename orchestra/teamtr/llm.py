@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -59,8 +58,9 @@ from torch import Tensor
 from envs.config import Embedder
 from envs.tasks.base import TaskFamily
 from orchestra.backends import make_backend
-from orchestra.backends.base import Backend, Completion, GenerationParams, Usage
+from orchestra.backends.base import Backend, GenerationParams
 from orchestra.backends.hf import TransformersBackend
+from orchestra.backends.http import OpenAIHTTPBackend
 from orchestra.backends.models import resolve_model
 from orchestra.runtime.conductors import conductor_factory, split_spec
 from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, episode_seed, require_no_faults
@@ -68,8 +68,17 @@ from orchestra.runtime.session import resolve_family
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker
 from orchestra.teamtr.config import derive_seed
-from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, with_adapters
-from orchestra.teamtr.llm_rollout import AdapterBackend, LLMRollout, Recorder, Turn
+from orchestra.teamtr.llm_models import DTYPES, TINY, load_base, save_adapter, with_adapters
+from orchestra.teamtr.llm_rollout import (
+    AdapterBackend,
+    EmptyBackend,
+    LLMRollout,
+    Recorder,
+    Turn,
+    by_length,
+    check_turns,
+)
+from orchestra.teamtr.llm_sampler import ServerSampler
 from orchestra.teamtr.protocols import base_parameters_of, load_snapshot, snapshot
 from trajectories import Episode
 
@@ -137,6 +146,13 @@ class LLMTeamConfig:
         8  # credit (TeamTRConfig.credit): train-split episodes per coalition value (the same for all)
     )
     seed: int = 0  # LoRA (and tiny base) init, backend sampling salt, held-out tasks
+    # sample on a vLLM server (--enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) serving the same base model,
+    # each worker's adapter published after every update; training stays in torch (teamtr/llm_sampler.py); None = torch
+    sampler_url: str | None = None
+    sampler_model: str | None = None  # the server's name of the base model (None = `model`)
+    # where published adapters are written: a folder the server can read (None = a temporary folder on this host)
+    sampler_adapter_dir: str | None = None
+    sampler_concurrency: int = 16  # requests in flight to the server at most
 
     def __post_init__(self) -> None:
         if not self.workers or len(set(self.workers)) != len(self.workers):
@@ -153,6 +169,8 @@ class LLMTeamConfig:
             raise LLMTeamError(f"reward {self.reward!r} / frozen_workers {self.frozen_workers!r} not known")
         if self.worker_models and (self.shared_base or len(self.worker_models) != len(self.workers)):
             raise LLMTeamError("worker_models needs shared_base=False and one model per trainable worker")
+        if self.sampler_url is not None and (not self.shared_base or self.sampler_concurrency < 1):
+            raise LLMTeamError("sampler_url needs shared_base=True (one served base) and sampler_concurrency ≥ 1")
 
     def model_of(self, agent: int) -> str:
         """The base model spec of trainable worker ``agent``."""
@@ -207,6 +225,13 @@ class LLMTeam:
             for i, name in enumerate(cfg.workers)
         ]
         self._frozen_backends: dict[str, Backend] = {}  # frozen_workers="team": team-file backends, built once
+        self.sampler = (  # cfg.sampler_url: the server trainable workers sample on
+            ServerSampler(
+                cfg.sampler_url, cfg.sampler_model or cfg.model, cfg.sampler_adapter_dir, cfg.sampler_concurrency
+            )
+            if cfg.sampler_url is not None
+            else None
+        )
         self.workers = self._workers(cfg.temperature)
         self.eval_workers = self._workers(cfg.eval_temperature)
         self.engine = self._engine(self.workers, "teamtr")
@@ -234,7 +259,7 @@ class LLMTeam:
                 params = GenerationParams(
                     max_tokens=cfg.max_tokens, temperature=temperature, top_p=cfg.top_p, stop=rt.generation.stop
                 )
-                backend: Backend = AdapterBackend(self.backend_of(i), ws.name, i, self.recorder)
+                backend: Backend = AdapterBackend(self.backend_of(i), ws.name, i, self.recorder, self._server)
                 out[ws.name] = Worker(ws.name, "llm", backend, params, ws.prompt_version)
             elif rt.kind == "tool":
                 if rt.tool not in tools:
@@ -246,7 +271,8 @@ class LLMTeam:
             else:
                 assert rt.backend is not None
                 if cfg.frozen_workers == "base":
-                    backend = self.backends[0]  # the base with every adapter disabled (context has no adapter)
+                    # the base with every adapter disabled (context has no adapter), here or on the sampling server
+                    backend = self._server or self.backends[0]
                 else:
                     if rt.backend not in frozen:
                         frozen[rt.backend] = make_backend(dict(spec.backends[rt.backend]))
@@ -294,8 +320,18 @@ class LLMTeam:
         return self.backends[0] if self.cfg.shared_base else self.backends[agent]
 
     # -- sampling -----------------------------------------------------------------------------------------------
+    @property
+    def _server(self) -> OpenAIHTTPBackend | None:
+        return self.sampler.http if self.sampler is not None else None
+
+    def publish(self) -> dict[str, str]:
+        """With a sampling server: every trainable worker's current adapter loaded into it (a version it holds is not
+        sent again); called before every batch and held-out evaluation. {worker: served name}; {} without one."""
+        return self.sampler.publish(self.save_adapters) if self.sampler is not None else {}
+
     def sample(self, batch_size: int, generator: torch.Generator) -> LLMRollout:
         """``batch_size`` fresh episodes: batch_size / G train tasks × G seeds, all drawn from ``generator``."""
+        self.publish()
         g_size = self.cfg.group_size
         if batch_size % g_size:
             raise LLMTeamError(f"batch_size {batch_size} is not a multiple of group_size G = {g_size}")
@@ -321,7 +357,7 @@ class LLMTeam:
         eps = [e for e in episodes if e is not None]
         if len(eps) != batch_size:
             raise RuntimeError(f"the rollout engine returned {len(eps)} of {batch_size} episodes")
-        _check_turns(turns, eps, self.cfg.workers)
+        check_turns(turns, eps, self.cfg.workers)
         rewards = [e.return_ if self.cfg.reward == "return" else float(e.success) for e in eps]
         batch = LLMRollout.build(
             turns,
@@ -344,6 +380,7 @@ class LLMTeam:
         seeds; trainable workers at ``eval_temperature``, greedy by default). None when ``eval_tasks`` = 0."""
         if not self.eval_tasks:
             return None
+        self.publish()
         jobs = [EpisodeJob(f"eval-{i:05d}", t, episode_seed(self.cfg.seed, i)) for i, t in enumerate(self.eval_tasks)]
         eps = require_no_faults(self.eval_engine.run(jobs), "a held-out evaluation")
         success = sum(e.success for e in eps) / len(eps)
@@ -388,7 +425,7 @@ class LLMTeam:
                 if i in present:
                     continue
                 worker = self.workers[name]
-                backend: Backend = _EmptyBackend() if null == "drop" else self.backend_of(i)  # no adapter: the base
+                backend: Backend = EmptyBackend() if null == "drop" else self.backend_of(i)  # no adapter: the base
                 self.workers[name] = dataclasses.replace(worker, backend=backend)
             eps = require_no_faults(self.engine.run(jobs), "a counterfactual evaluation")
         finally:
@@ -516,7 +553,7 @@ class LLMTeam:
         mask), with grad through its adapter."""
         self._select(agent)
         b_size, width = batch.batch_size, batch.width
-        turns = _by_length(batch.turns_of(agent))
+        turns = by_length(batch.turns_of(agent))
         flat = torch.zeros(b_size * width, device=self.device) + self._anchor(agent)
         if not turns:
             return flat.view(b_size, width)
@@ -533,7 +570,7 @@ class LLMTeam:
             raise LLMTeamError("logits() needs has_logits=True (exact-vocabulary KL)")
         self._select(agent)
         b_size, width = batch.batch_size, batch.width
-        turns = _by_length(batch.turns_of(agent))
+        turns = by_length(batch.turns_of(agent))
         chunks = [logits[valid] for logits, _, valid in self.turn_logits(agent, turns)]  # (M, V) each
         vocab = chunks[0].shape[-1] if chunks else self.vocab_size_of(agent)
         flat = torch.zeros(b_size * width, vocab, device=self.device) + self._anchor(agent)
@@ -564,34 +601,14 @@ class LLMTeam:
         return base_parameters_of(self.models, self.cfg.shared_base)
 
     def save_adapters(self, folder: str | Path) -> dict[str, Path]:
-        """Write every agent's adapter as a peft folder ``folder/{worker}/`` (loadable by a team file's transformers
-        backend: ``adapters: {worker: folder/worker}``); returns the paths."""
-        out: dict[str, Path] = {}
-        for i, name in enumerate(self.cfg.workers):
-            target = Path(folder) / name
-            with warnings.catch_warnings():  # a GGUF folder has no config.json; the vocabulary is not modified
-                warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
-                self.model_of(i).save_pretrained(str(target), selected_adapters=[name])
-            nested = target / name  # peft writes a non-"default" adapter into a sub-folder named after it
-            if nested.is_dir():
-                for f in nested.iterdir():
-                    f.replace(target / f.name)
-                nested.rmdir()
-            out[name] = target
-        return out
+        """Every agent's adapter as a peft folder ``folder/{worker}/`` (llm_models.save_adapter); returns the paths."""
+        return {
+            name: save_adapter(self.model_of(i), name, Path(folder) / name) for i, name in enumerate(self.cfg.workers)
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
-
-
-class _EmptyBackend:
-    """The ``drop`` null of a coalition value: a worker whose every message is empty."""
-
-    model_id = "null:empty"
-
-    def generate(self, requests: Sequence[Any]) -> list[Completion]:
-        return [Completion("", (), (), "stop", Usage(0, 0), self.model_id) for _ in requests]
 
 
 def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
@@ -615,27 +632,6 @@ def _load_team(cfg: LLMTeamConfig) -> tuple[TeamSpec, TaskFamily]:
         if spec.workers[name].kind != "llm":
             raise LLMTeamError(f"worker {name!r} of team {spec.name!r} is a tool: only LLM workers can be fine-tuned")
     return spec, resolve_family(spec, cfg.family)
-
-
-def _by_length(turns: Sequence[Turn]) -> list[Turn]:
-    """An agent's turns with tokens, shortest prompt + sample first and equal prompts side by side: the training
-    forwards' chunks then pad little and keep a group's shared prompt in one chunk (the values are scattered back
-    to their positions, so the order changes no number beyond float rounding)."""
-    return sorted((t for t in turns if t.token_ids), key=lambda t: (len(t.prompt_ids) + len(t.token_ids), t.prompt_ids))
-
-
-def _check_turns(turns: Sequence[Turn], episodes: Sequence[Episode], workers: Sequence[str]) -> None:
-    """The recorded turns must be exactly the trainable workers' messages of the episodes (ids, in order)."""
-    recorded: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for t in turns:
-        recorded[t.row, t.agent].extend(t.token_ids)
-    for row, ep in enumerate(episodes):
-        for agent, name in enumerate(workers):
-            ids = [
-                i for s in ep.steps if s.message is not None and s.message.worker == name for i in s.message.token_ids
-            ]
-            if ids != recorded.get((row, agent), []):
-                raise RuntimeError(f"episode {ep.episode_id}: {name}'s recorded turns differ from its messages")
 
 
 __all__ = [

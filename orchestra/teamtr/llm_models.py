@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -86,4 +88,18 @@ def with_adapters(base: Any, cfg: LLMTeamConfig, names: Sequence[str], seed: int
     return model.eval()
 
 
-__all__ = ["DTYPES", "TINY", "load_base", "load_tokenizer", "with_adapters"]
+def save_adapter(model: Any, name: str, target: Path) -> Path:
+    """Write adapter ``name`` of a PeftModel as a peft folder ``target`` (loadable by a team file's transformers
+    backend: ``adapters: {worker: target}``, and by vLLM)."""
+    with warnings.catch_warnings():  # a GGUF folder has no config.json; the vocabulary is not modified
+        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+        model.save_pretrained(str(target), selected_adapters=[name])
+    nested = target / name  # peft writes a non-"default" adapter into a sub-folder named after it
+    if nested.is_dir():
+        for f in nested.iterdir():
+            f.replace(target / f.name)
+        nested.rmdir()
+    return target
+
+
+__all__ = ["save_adapter", "DTYPES", "TINY", "load_base", "load_tokenizer", "with_adapters"]

@@ -12,11 +12,12 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from orchestra.backends.base import Completion, GenerationRequest, Usage
+from orchestra.backends.base import Completion, GeneratedIds, GenerationParams, GenerationRequest, Usage
 from orchestra.backends.hf import TransformersBackend
 from trajectories import Episode
 
@@ -132,17 +133,34 @@ class Recorder:
     turns: list[Turn] = field(default_factory=list)
 
 
+class IdSampler(Protocol):
+    """What samples a trainable worker's turns from token-id prompts: the torch :class:`TransformersBackend`, or a
+    server with the worker's published adapter (:meth:`orchestra.backends.http.OpenAIHTTPBackend.generate_ids`)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    def generate_ids(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[GenerationParams], adapter: str | None = None
+    ) -> Sequence[GeneratedIds]: ...
+
+
 class AdapterBackend:
     """A ``Backend`` for one trainable worker: the shared :class:`TransformersBackend` with the worker's adapter,
-    recording each turn's exact prompt ids, sampled ids and behaviour log-probs (``Completion`` carries no prompt)."""
+    recording each turn's exact prompt ids, sampled ids and behaviour log-probs (``Completion`` carries no prompt).
+    With a ``sampler`` (a vLLM server holding the worker's published adapter) the turns are sampled there from the
+    same prompt ids (the torch backend's chat template and tokenizer); training still reads them in torch."""
 
-    def __init__(self, hf: TransformersBackend, adapter: str, agent: int, recorder: Recorder) -> None:
+    def __init__(
+        self, hf: TransformersBackend, adapter: str, agent: int, recorder: Recorder, sampler: IdSampler | None = None
+    ) -> None:
         self.hf, self.adapter, self.agent, self.recorder = hf, adapter, agent, recorder
-        self.model_id = f"{hf.model_id}+lora:{adapter}"
+        self.sampler: IdSampler = sampler if sampler is not None else hf
+        self.model_id = f"{self.sampler.model_id}+lora:{adapter}"
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
         prompts = [self.hf.prompt_ids(r.messages) for r in requests]
-        rows = self.hf.generate_ids(prompts, [r.params for r in requests], adapter=self.adapter)
+        rows = self.sampler.generate_ids(prompts, [r.params for r in requests], adapter=self.adapter)
         out = []
         for r, prompt, g in zip(requests, prompts, rows, strict=True):
             if self.recorder.rows is not None:
@@ -164,4 +182,34 @@ class AdapterBackend:
         return out
 
 
-__all__ = ["AdapterBackend", "LLMRollout", "Recorder", "Turn"]
+class EmptyBackend:
+    """The ``drop`` null of a coalition value: a worker whose every message is empty."""
+
+    model_id = "null:empty"
+
+    def generate(self, requests: Sequence[Any]) -> list[Completion]:
+        return [Completion("", (), (), "stop", Usage(0, 0), self.model_id) for _ in requests]
+
+
+def by_length(turns: Sequence[Turn]) -> list[Turn]:
+    """An agent's turns with tokens, shortest prompt + sample first and equal prompts side by side: the training
+    forwards' chunks then pad little and keep a group's shared prompt in one chunk (the values are scattered back
+    to their positions, so the order changes no number beyond float rounding)."""
+    return sorted((t for t in turns if t.token_ids), key=lambda t: (len(t.prompt_ids) + len(t.token_ids), t.prompt_ids))
+
+
+def check_turns(turns: Sequence[Turn], episodes: Sequence[Episode], workers: Sequence[str]) -> None:
+    """The recorded turns must be exactly the trainable workers' messages of the episodes (ids, in order)."""
+    recorded: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for t in turns:
+        recorded[t.row, t.agent].extend(t.token_ids)
+    for row, ep in enumerate(episodes):
+        for agent, name in enumerate(workers):
+            ids = [
+                i for s in ep.steps if s.message is not None and s.message.worker == name for i in s.message.token_ids
+            ]
+            if ids != recorded.get((row, agent), []):
+                raise RuntimeError(f"episode {ep.episode_id}: {name}'s recorded turns differ from its messages")
+
+
+__all__ = ["AdapterBackend", "EmptyBackend", "IdSampler", "LLMRollout", "Recorder", "Turn", "by_length", "check_turns"]
