@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,17 +29,11 @@ if __package__ in (None, ""):  # run as a script: make the repo importable
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     import ray
 
-    return f"{platform.machine()} | {cpu} | {os.cpu_count()} cpus | python {platform.python_version()} | ray {ray.__version__}"
+    from benchmarks.record import machine as base
+
+    return f"{base()} | ray {ray.__version__}"
 
 
 def _comparable(e: Any) -> Any:

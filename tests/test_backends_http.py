@@ -4,6 +4,7 @@ plus tiny local servers for the failure modes (refused, silent, junk, flaky, key
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -33,12 +34,12 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------------------ a real llama.cpp server
-@pytest.fixture(scope="module")
-def llama_server() -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--n_ctx", "1024", "--verbose", "False"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+@contextlib.contextmanager
+def serving(args: list[str], port: int) -> Iterator[str]:
+    """``python -m llama_cpp.server ARGS`` on ``port`` until it answers /v1/models; its URL; stopped on the way out."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -62,6 +63,14 @@ def llama_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Iterator[str]:
+    port = free_port()
+    args = ["--model", str(smollm2_gguf_path()), "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024"]
+    with serving([*args, "--verbose", "False"], port) as url:
+        yield url
 
 
 @pytest.mark.slow

@@ -11,8 +11,6 @@ LoRA endpoint, so publishing runs against a local server that implements vLLM's 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ from orchestra.backends import BackendError, CachedBackend, ResponseCache, smoll
 from orchestra.backends.http import OpenAIHTTPBackend
 from orchestra.runtime.team_file import load_team
 from orchestra.runtime.workers import build_workers
-from tests.test_backends_http import chat, free_port, reply
+from tests.test_backends_http import chat, free_port, reply, serving
 
 
 # ------------------------------------------------------------------- a real llama.cpp server, two aliases
@@ -41,34 +39,8 @@ def aliased_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ]
     config = tmp_path_factory.mktemp("server") / "config.json"
     config.write_text(json.dumps({"host": "127.0.0.1", "port": port, "models": models}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--config_file", str(config)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-                pytest.fail(f"llama_cpp.server exited with {proc.returncode}: {err}")
-            try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail("llama_cpp.server did not answer /v1/models within 120 s")
-            time.sleep(0.5)
+    with serving(["--config_file", str(config)], port) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow

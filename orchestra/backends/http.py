@@ -186,10 +186,19 @@ class OpenAIHTTPBackend:
 
     def _complete(self, request: GenerationRequest) -> Completion:
         body = self.payload(request)
-        return self._post(self.url, body, lambda reply: self._served_as(self.parse(reply), body["model"]))
+        out = self._post(self.url, body, lambda resp: self._served_as(self.parse(resp.json()), body["model"]))
+        assert out is not None
+        return out
 
-    def _post(self, url: str, body: dict[str, Any], parse: Callable[[Any], T]) -> T:
-        """POST ``body`` and parse the 200 reply, with the retry discipline of the class docstring."""
+    def _post(
+        self,
+        url: str,
+        body: dict[str, Any],
+        parse: Callable[[httpx.Response], T],
+        done_anyway: Callable[[int, str], bool] | None = None,
+    ) -> T | None:
+        """POST ``body`` and parse the 200 reply, with the retry discipline of the class docstring. ``done_anyway``
+        (status, text) of another reply: True ends the call with None (it may raise instead)."""
         last, cause = "", "backend_error"
         for attempt in range(self.max_retries + 1):
             retry_after = 0.0
@@ -202,11 +211,13 @@ class OpenAIHTTPBackend:
             else:
                 if resp.status_code == 200:
                     try:
-                        return parse(resp.json())
+                        return parse(resp)
                     except ValueError as e:  # json.JSONDecodeError (and UnicodeDecodeError) are ValueErrors
                         last, cause = f"reply is not JSON ({e}): {self._scrub(resp.text[:200])!r}", "non_json"
                     except BackendError as e:
                         last, cause = str(e), "malformed_reply"
+                elif done_anyway is not None and done_anyway(resp.status_code, self._scrub(resp.text[:300])):
+                    return None
                 else:
                     last, cause = (
                         f"HTTP {resp.status_code}: {self._scrub(resp.text[:200])!r}",
@@ -255,7 +266,9 @@ class OpenAIHTTPBackend:
             if p.stop:
                 body["stop"] = list(p.stop)
             with self._slots:
-                return self._post(self.completions_url, body, self.parse_ids)
+                out = self._post(self.completions_url, body, lambda resp: self.parse_ids(resp.json()))
+            assert out is not None
+            return out
 
         jobs = list(zip(prompts, plist, strict=True))
         if len(jobs) <= 1:
@@ -322,34 +335,17 @@ class OpenAIHTTPBackend:
         """POST ``/v1/{endpoint}`` with the request retry discipline; a 400 whose text holds ``tolerate`` (vLLM's
         "already loaded" / "not found") counts as done."""
         url = f"{self.base_url}/v1/{endpoint}"
-        last, cause = "", "backend_error"
-        for attempt in range(self.max_retries + 1):
-            retry_after = 0.0
-            try:
-                resp = self._client.post(url, json=body, headers=self._headers())
-            except httpx.TimeoutException as e:
-                last, cause = f"{type(e).__name__}: {e}", "timeout"
-            except httpx.TransportError as e:
-                last, cause = f"{type(e).__name__}: {e}", "connection"
-            else:
-                if resp.status_code == 200:
-                    return
-                text = self._scrub(resp.text[:300])
-                if resp.status_code == 400 and tolerate in text.lower():
-                    return
-                if resp.status_code in (404, 405):
-                    raise BackendError(
-                        f"{url}: HTTP {resp.status_code}: this server has no runtime LoRA endpoint; start vLLM with "
-                        "--enable-lora and the environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
-                        cause=f"http_{resp.status_code}",
-                    )
-                last, cause = f"HTTP {resp.status_code}: {text!r}", f"http_{resp.status_code}"
-                if resp.status_code not in _RETRY_STATUS:
-                    raise BackendError(f"{url}: {last}", cause=cause)
-                retry_after = _retry_after_s(resp.headers)
-            if attempt < self.max_retries:
-                time.sleep(min(self.max_backoff_s, max(retry_after, self.backoff_s * 2**attempt)))
-        raise BackendError(f"{url}: failed after {self.max_retries + 1} attempts; last error: {last}", cause=cause)
+
+        def done_anyway(status: int, text: str) -> bool:
+            if status in (404, 405):
+                raise BackendError(
+                    f"{url}: HTTP {status}: this server has no runtime LoRA endpoint; start vLLM with --enable-lora and "
+                    "the environment variable VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",
+                    cause=f"http_{status}",
+                )
+            return status == 400 and tolerate in text.lower()
+
+        self._post(url, body, lambda resp: None, done_anyway)
 
     def _headers(self) -> dict[str, str]:
         key = os.environ.get(self.api_key_env, "")
