@@ -27,6 +27,7 @@ from orchestra.backends.http import OpenAIHTTPBackend
 from orchestra.runtime.team_file import load_team
 from orchestra.runtime.workers import build_workers
 from tests.test_backends_http import chat, free_port, reply, serving
+from tests.vllm_like import send
 
 
 # ------------------------------------------------------------------- a real llama.cpp server, two aliases
@@ -129,12 +130,7 @@ class Slow:
                 time.sleep(delay_s)
                 with lock:
                     outer.inflight -= 1
-                data = json.dumps(reply("ok")).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send(self, 200, reply("ok"))
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -182,11 +178,7 @@ class RuntimeLoRA:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.log.append((self.path, body))
                 status, out = outer.answer(self.path, body, base, runtime)
-                data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send(self, status, out)
 
             def log_message(self, *args: Any) -> None:
                 pass

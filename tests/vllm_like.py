@@ -20,6 +20,16 @@ from orchestra.backends.base import ChatMessage, GenerationParams, GenerationReq
 from orchestra.backends.hf import TransformersBackend
 
 
+def send(handler: BaseHTTPRequestHandler, status: int, out: Any) -> None:
+    """Answer with ``out``: a JSON body, or a string sent as it is (vLLM's load/unload replies are plain text)."""
+    data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class VLLMLike:
     def __init__(self, backend: TransformersBackend, base_name: str) -> None:
         self.backend, self.base_name = backend, base_name
@@ -35,12 +45,7 @@ class VLLMLike:
                 with outer._lock:
                     outer.log.append((self.path, body))
                     status, out = outer.answer(self.path, body)
-                data = out.encode() if isinstance(out, str) else json.dumps(out).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send(self, status, out)
 
             def log_message(self, *args: Any) -> None:
                 pass
