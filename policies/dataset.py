@@ -19,6 +19,7 @@ Conversion to d3rlpy (``ConductorDataset.to_mdp``) follows d3rlpy's own conventi
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -303,7 +304,17 @@ class ConductorDataset:
             "own_instructions": own,
             "weights": self.weights,
             "sources": self.sources,
+            "digest": self.digest(),
         }
+
+    def digest(self) -> str:
+        """sha256 of the arrays a learner trains on (observations, actions, rewards, ends, masks): a run that
+        reuses a trained model checks with it that the dataset is the one the model was trained on."""
+        h = hashlib.sha256()
+        for a in (self.observations, self.actions, self.rewards, self.terminals, self.timeouts, self.masks,
+                  self.episode_index, self.final_observations):  # fmt: skip
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()
 
     # -- persistence -----------------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:

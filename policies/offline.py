@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -282,7 +282,7 @@ def train_offline(
     *,
     progress: bool = False,
     on_epoch: Callable[[dict[str, Any]], None] | None = None,
-    resume: bool = False,
+    resume: bool | Literal["if_same"] = False,
     tensorboard: bool = False,
 ) -> TrainResult:
     """Train one d3rlpy algorithm; checkpoint every epoch into ``out_dir`` (conductor.json, algo.json, model.pt),
@@ -291,7 +291,9 @@ def train_offline(
 
     Every epoch also leaves the full training state in ``out_dir/resume/`` (:mod:`policies.train_state`);
     ``resume=True`` continues a killed run from its last finished epoch, bit-identical to an uninterrupted run
-    (the same config and dataset are required; with no saved state it starts from scratch)."""
+    (the same config and dataset are required; with no saved state it starts from scratch). ``resume="if_same"``
+    resumes (or, when every epoch is done, reuses) a run of the same config and dataset digest and trains from
+    scratch otherwise: what a long multi-model job such as phase 1 passes, so a rerun redoes no finished model."""
     import d3rlpy
     import torch
     from d3rlpy.logging import NoopAdapterFactory
@@ -314,6 +316,8 @@ def train_offline(
         dataset={k: v for k, v in data.summary().items() if k != "sources"} | {"sources": ds.sources},
     )
     run_config = {"offline": asdict(cfg), "dataset": meta.dataset}
+    if resume == "if_same" and not train_state.same_config(out, run_config):
+        resume = False
     if resume and (out / "config.json").exists():
         train_state.check_resume_config(out, run_config)
     else:

@@ -151,20 +151,32 @@ def restore_modules(algo: Any, state: TrainState) -> None:
     algo.set_grad_step(state.grad_step)  # d3rlpy's hook for restarting mid-training (target-sync schedule)
 
 
-def check_resume_config(out: Path, current: dict[str, Any]) -> None:
-    """Refuse to resume a run whose ``config.json`` differs from ``current`` (naming the first differing fields)."""
+def _config_diffs(out: Path, current: dict[str, Any]) -> list[str]:
     path = out / "config.json"
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise PolicyError(f"{path}: cannot read the run's config to resume it ({e})") from e
     now = json.loads(json.dumps(current, default=str))
-    diffs = [
+    return [
         f"{section}.{k}: {saved.get(section, {}).get(k)!r} in the run, {v!r} now"
         for section in ("offline", "dataset")
         for k, v in now.get(section, {}).items()
         if saved.get(section, {}).get(k) != v
     ]
+
+
+def same_config(out: Path, current: dict[str, Any]) -> bool:
+    """Whether ``out`` holds a run of exactly ``current`` (False when it holds none or an unreadable one)."""
+    try:
+        return not _config_diffs(out, current)
+    except PolicyError:
+        return False
+
+
+def check_resume_config(out: Path, current: dict[str, Any]) -> None:
+    """Refuse to resume a run whose ``config.json`` differs from ``current`` (naming the first differing fields)."""
+    diffs = _config_diffs(out, current)
     if diffs:
         raise PolicyError(f"cannot resume {out}: the config differs ({'; '.join(diffs[:4])})")
 
@@ -180,6 +192,7 @@ __all__ = [
     "set_global_rng_state",
     "TrainState",
     "check_resume_config",
+    "same_config",
     "clear_state",
     "load_state",
     "restore_modules",

@@ -318,3 +318,66 @@ def test_a_fresh_start_without_resume_state_and_a_changed_config_refused(
     (state / (state / "latest").read_text().strip() / "rng.pt").write_bytes(b"garbage")
     with pytest.raises(PolicyError, match="damaged resume state"):
         train_offline(random_data, cfg, tmp_path / "a", resume=True)
+
+
+def test_if_same_reuses_a_finished_model_and_retrains_on_another_dataset(
+    tmp_path: Path, random_data: ConductorDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``resume="if_same"`` (phase 1's reruns): a finished run of the same config and dataset is reused
+    without a gradient step; a changed dataset (its digest) or config trains from scratch instead of failing."""
+    cfg = OfflineConfig(algo="bc", n_steps=200, n_steps_per_epoch=100, seed=1)
+    first = train_offline(random_data, cfg, tmp_path / "m")
+    trained = _model_tensors(tmp_path / "m")
+    import d3rlpy.algos
+
+    fitted: list[int] = []
+    real_fitter = d3rlpy.algos.DiscreteBC.fitter
+
+    def counting(self: object, *a: object, **k: object) -> object:
+        fitted.append(1)
+        return real_fitter(self, *a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(d3rlpy.algos.DiscreteBC, "fitter", counting)
+    again = train_offline(random_data, cfg, tmp_path / "m", resume="if_same")
+    assert fitted == [] and again.metrics == first.metrics
+    assert _same_tensors(_model_tensors(tmp_path / "m"), trained)
+    other = random_data.subset(list(range(len(random_data.episodes) // 2)))
+    assert other.digest() != random_data.digest()
+    fresh = train_offline(other, cfg, tmp_path / "m", resume="if_same")
+    assert fitted == [1] and len(fresh.metrics) == 2
+    reference = train_offline(other, cfg, tmp_path / "ref")
+    assert _untimed(fresh.metrics) == _untimed(reference.metrics)
+    fitted.clear()
+    train_offline(other, dataclasses.replace(cfg, learning_rate=1e-3), tmp_path / "m", resume="if_same")
+    assert fitted == [1]  # another config: trained afresh, not refused
+
+
+def test_phase1_reuses_an_fqe_estimate_only_for_the_same_model_data_config_and_states(
+    tmp_path: Path,
+    heuristic_data,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    from orchestra.jobs import phase1
+
+    ds, enc = heuristic_data
+    team = arithmetic_team()
+    train_offline(ds, OfflineConfig(algo="bc", n_steps=200, n_steps_per_epoch=100), tmp_path / "m")
+    calls: list[int] = []
+    real = phase1.fqe_evaluate
+
+    def counted(*a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(phase1, "fqe_evaluate", counted)
+    s0 = (ds.observations[:5], ds.masks[:5])
+    fcfg = FQEConfig(n_steps=100, n_steps_per_epoch=50)
+    path = tmp_path / "fqe" / "bc.json"
+    first = phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, s0)
+    assert phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, s0) == first and len(calls) == 1
+    phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, dataclasses.replace(fcfg, seed=1), s0)
+    phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, (ds.observations[:4], ds.masks[:4]))
+    assert len(calls) == 3
+    train_offline(ds, OfflineConfig(algo="bc", n_steps=200, n_steps_per_epoch=100, seed=5), tmp_path / "m")
+    phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, (ds.observations[:4], ds.masks[:4]))
+    assert len(calls) == 4  # retrained weights: estimated afresh

@@ -18,8 +18,9 @@
 
 ``orchestra demo`` runs it at demo scale; ``orchestra reproduce conductor`` at the scale the README
 quotes. Every stage writes into one run directory and a rerun continues where a killed one stopped
-(recordings and evaluations resume; training is deterministic and cheap, so it is redone, and a learned
-conductor whose weights changed is evaluated afresh).
+(recordings and evaluations resume; a learner whose config and dataset digest are unchanged is reused, as is an
+FQE estimate whose model, dataset, config and initial states are; a learned conductor whose weights changed is
+evaluated afresh).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
@@ -65,6 +67,7 @@ from policies.offline import (
     train_offline,
 )
 from trajectories import Episode, read_many
+from trajectories.durable import atomic_path
 
 
 @dataclass
@@ -192,6 +195,36 @@ def drop_stale_evaluation(episodes: Path, model: Path) -> None:
     digest_file.write_text(digest + "\n", encoding="utf-8")
 
 
+def fqe_estimate(
+    path: Path,
+    folder: Path,
+    env: TeamEnvConfig,
+    encoder: ObservationEncoder,
+    ds: ConductorDataset,
+    fcfg: FQEConfig,
+    initial: tuple[np.ndarray, np.ndarray],
+) -> float:
+    """FQE's estimate for the model in ``folder``, kept in ``path`` with what it was computed from (model digest,
+    dataset digest, FQE config, initial states) and reused by a rerun only when all of those are the same."""
+    key = {
+        "model_sha256": model_digest(folder),
+        "dataset_sha256": ds.digest(),
+        "fqe": asdict(fcfg),
+        "initial_sha256": hashlib.sha256(initial[0].tobytes() + initial[1].tobytes()).hexdigest(),
+    }
+    key = json.loads(json.dumps(key))  # tuples as lists, as they read back
+    if path.exists():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            return float(saved["estimate"])
+    c = OfflineConductor.load(folder, env, encoder)
+    r = fqe_evaluate(c.predict, ds, encoder.legal_mask, fcfg, initial=initial)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, "FQE estimate") as tmp:
+        tmp.write_text(json.dumps({"key": key, "estimate": r.estimate}, indent=2), encoding="utf-8")
+    return r.estimate
+
+
 def play(
     cfg: Phase1Config, team: str, specs: Sequence[str], split: str, n: int, path: Path, session: Session
 ) -> list[Episode]:
@@ -285,7 +318,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         (out / "datasets" / f"{name}.summary.json").write_text(json.dumps(ds.summary(), indent=2))
         datasets[name] = ds
         for label, oc in configs.items():
-            res = train_offline(ds, oc, out / "models" / name / label / f"s{oc.seed}")
+            res = train_offline(ds, oc, out / "models" / name / label / f"s{oc.seed}", resume="if_same")
             trained[(name, label)] = res.conductor
             print(f"  {name}/{label}: agreement with the logged actions {res.metrics[-1]['perf/agreement']:.3f}")
 
@@ -323,16 +356,11 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         vrows = {r.conductor: r for r in summarize(val_eps[name])}
         s0, m0 = initial_states([e for e in val_eps[name] if e.conductor.name == best_fixed[name]], encoders[name])
         for pol, folder in val_policies[name]:
-            c = OfflineConductor.load(folder, sessions[name].team.env, encoders[name])
-            r = fqe_evaluate(
-                c.predict,
-                datasets[name],
-                encoders[name].legal_mask,
-                FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed),
-                initial=(s0, m0),
-            )
+            fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed)
+            estimate = fqe_estimate(out / "fqe" / name / f"{pol}.json", folder, sessions[name].team.env,
+                                    encoders[name], datasets[name], fcfg, (s0, m0))  # fmt: skip
             m = vrows[pol]
-            fqe_rows.append(FQERow(name, pol, r.estimate, m.mean_return, m.return_ci_low, m.return_ci_high))
+            fqe_rows.append(FQERow(name, pol, estimate, m.mean_return, m.return_ci_low, m.return_ci_high))
         mine = [f for f in fqe_rows if f.team == name]
         if len(mine) >= 2:
             selection[name] = stats.fqe_selection([f.fqe_estimate for f in mine], [f.measured_return for f in mine])
@@ -366,7 +394,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
                 folder = out / "models" / name / label / f"s{seed}"
                 if seed != cfg.seeds[0]:
                     oc = dataclasses.replace(configs[label], seed=seed, keep_epochs=False)
-                    train_offline(datasets[name], oc, folder)
+                    train_offline(datasets[name], oc, folder, resume="if_same")
                 lab = f"{algo}-s{seed}"
                 path = out / "test" / name / f"{lab}.jsonl"
                 drop_stale_evaluation(path, folder)
