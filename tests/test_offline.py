@@ -381,3 +381,6 @@ def test_phase1_reuses_an_fqe_estimate_only_for_the_same_model_data_config_and_s
     train_offline(ds, OfflineConfig(algo="bc", n_steps=200, n_steps_per_epoch=100, seed=5), tmp_path / "m")
     phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, (ds.observations[:4], ds.masks[:4]))
     assert len(calls) == 4  # retrained weights: estimated afresh
+    path.write_text("{not json")
+    phase1.fqe_estimate(path, tmp_path / "m", team.env, enc, ds, fcfg, (ds.observations[:4], ds.masks[:4]))
+    assert len(calls) == 5 and "estimate" in path.read_text()  # a damaged file is redone and rewritten

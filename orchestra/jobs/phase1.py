@@ -213,10 +213,12 @@ def fqe_estimate(
         "initial_sha256": hashlib.sha256(initial[0].tobytes() + initial[1].tobytes()).hexdigest(),
     }
     key = json.loads(json.dumps(key))  # tuples as lists, as they read back
-    if path.exists():
+    try:
         saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("key") == key:
+        if saved["key"] == key:
             return float(saved["estimate"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # none yet, or damaged: estimated afresh and rewritten
     c = OfflineConductor.load(folder, env, encoder)
     r = fqe_evaluate(c.predict, ds, encoder.legal_mask, fcfg, initial=initial)
     path.parent.mkdir(parents=True, exist_ok=True)
