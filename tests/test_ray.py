@@ -50,11 +50,19 @@ def test_record_on_an_existing_cluster(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    # Ray's token authentication on both ends, as the README's launch says (the token in ~/.ray/auth_token)
+    # Ray's token authentication on both ends, as the README's launch says: the token generated first (a fresh machine
+    # has none, and `ray start` with token auth refuses to start without one), under a home of the test's own
+    home = tmp_path / "home"
+    home.mkdir()
     env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache"), "RAY_USAGE_STATS_ENABLED": "0"}
-    env["RAY_AUTH_MODE"] = "token"
+    env.update(HOME=str(home), RAY_AUTH_MODE="token")
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(var, None)
+    subprocess.run([ray_cli, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=120)
+    assert (home / ".ray" / "auth_token").stat().st_size > 0
     head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false"]
-    subprocess.run(head, env=env, check=True, capture_output=True, timeout=180)
+    started = subprocess.run(head, env=env, capture_output=True, text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-2000:]
     try:
         team = str(short_team(tmp_path))
         out = tmp_path / "far.jsonl"
