@@ -9,6 +9,7 @@ import pytest
 
 from orchestra.jobs.phase1 import Phase1Config, ledger_entry
 from orchestra.report.benchmark import HeadroomRow, not_shown
+from orchestra.report.evaluation import PairedRow
 
 
 def test_the_test_ledger_records_each_released_configuration_once(tmp_path: Path) -> None:
@@ -36,6 +37,22 @@ def test_caveats_name_small_headroom_and_a_validation_choice_that_differs_on_tes
     )
     text = "\n".join(not_shown([row], [], seeds=[0, 1, 2], run_seed=0))
     assert "under 10" in text and "validation chose `pipeline`" in text and "No learned conductor" in text
+
+
+def test_caveats_say_when_a_rule_of_the_menu_earns_a_learners_verdict_too() -> None:
+    row = HeadroomRow("arithmetic", 150, "critique", 0.14, "heuristic", 0.21, 0.28, 0.14, "bc", 0.19, 0.0, 0.38, 0.0, 3)
+
+    def paired(conductor: str, rule_based: bool, verdict: str) -> PairedRow:
+        return PairedRow(
+            "arithmetic", "arithmetic", conductor, "critique", rule_based, 150, 0.19, 0.14, 0.05, 0.01, 0.1,
+            10, 2, 1.0, 1.0, 0.01, 0.001, 0.001, 0.1, 0.05, 0.15, 0.5, 0.5, 0.51, 0.56, 0.54, 0.59, verdict,
+        )  # fmt: skip
+
+    matched = [paired("bc-s0", False, "cheaper"), paired("pipeline", True, "cheaper")]
+    text = "\n".join(not_shown([row], matched, seeds=[0, 1, 2], run_seed=0))
+    assert "*cheaper* verdicts (`bc-s0`)" in text and "(`pipeline`)" in text and "`critique`" in text
+    alone = [paired("bc-s0", False, "cheaper"), paired("pipeline", True, "non-inferior")]
+    assert "verdicts (" not in "\n".join(not_shown([row], alone, seeds=[0, 1, 2], run_seed=0))
 
 
 @pytest.mark.slow

@@ -91,6 +91,10 @@ def subset_table_md(team: str, names: Sequence[str], by: dict[str, dict[Any, Any
     return "\n".join(lines)
 
 
+def _baseline(paired: Sequence[PairedRow], team: str) -> str:
+    return next(p.baseline for p in paired if p.team == team)
+
+
 def not_shown(
     head: Sequence[HeadroomRow], paired: Sequence[PairedRow], seeds: Sequence[int], run_seed: int
 ) -> list[str]:
@@ -110,9 +114,23 @@ def not_shown(
                 f"`{h.best_on_test}` did best ({100 * h.best_on_test_success:.1f}%). Choosing on test would have "
                 "raised the bar the learners are compared with; we did not."
             )
-    wins = [p for p in paired if not p.rule_based and p.verdict in ("beats", "better", "cheaper", "non-inferior")]
+    good = ("beats", "better", "cheaper", "non-inferior")
+    wins = [p for p in paired if not p.rule_based and p.verdict in good]
     if not wins:
         out.append("- No learned conductor is better, cheaper or non-inferior by test against the best fixed schedule.")
+    for team in sorted({p.team for p in wins}):
+        # a learner's verdict that a rule of the menu also earns, against the same baseline, shows a costly or weak
+        # baseline on test, not something learning found that the menu lacks
+        for verdict in good:
+            learners = sorted(p.conductor for p in wins if p.team == team and p.verdict == verdict)
+            rules = sorted(p.conductor for p in paired if p.team == team and p.rule_based and p.verdict == verdict)
+            if learners and rules:
+                out.append(
+                    f"- **{team}**: the learners' *{verdict}* verdicts ({', '.join(f'`{x}`' for x in learners)}) are "
+                    f"earned against `{_baseline(paired, team)}` by "
+                    f"rules of the menu too ({', '.join(f'`{x}`' for x in rules)}): they are about the baseline "
+                    "as much as about learning, and do not show that a learner found a schedule the menu lacks."
+                )
     out += [
         "- The oracle is the best of *this* menu per task, not the best possible conductor; a stronger hand-written "
         "rule would raise the best fixed schedule and shrink the headroom.",
