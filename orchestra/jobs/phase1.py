@@ -29,6 +29,7 @@ import csv
 import dataclasses
 import hashlib
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -575,8 +576,18 @@ class ReproduceConfig:
 def reproduce(cfg: ReproduceConfig) -> Phase1Result:
     res = run_phase1(cfg.phase1, Path(cfg.out), command=f"orchestra reproduce conductor --seed {cfg.phase1.run.seed}")
     if cfg.report:
-        Path(cfg.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.report).write_text(res.paths["summary"].read_text(encoding="utf-8"), encoding="utf-8")
+        report = Path(cfg.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        text = res.paths["summary"].read_text(encoding="utf-8")
+        plot = res.paths.get("cost_quality")
+        if plot is not None and plot.exists():  # the cost–quality plane beside the copy, linked from it
+            beside = report.with_name(f"{report.stem}_cost_quality.png")
+            shutil.copyfile(plot, beside)
+            text = text.rstrip("\n") + (
+                "\n\n## The cost–quality plane\n\nMean tokens per task against test success, per family: the menu, "
+                f"its hull, the oracle and the learners.\n\n![cost–quality plane]({beside.name})\n"
+            )
+        report.write_text(text, encoding="utf-8")
     return res
 
 
