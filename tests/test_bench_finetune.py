@@ -189,14 +189,21 @@ def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
         return real(*args)
 
     monkeypatch.setattr(run_module, "evaluate", counted)
-    cfg = replace(SMOKE, schemes=("teamtr",), seeds=3, eval_tasks=3, trainer=replace(SMOKE.trainer, num_stages=1))
-    run_finetune_bench(cfg, tmp_path, say=lambda _line: None)
-    assert len(played) == 1 + 3  # the frozen team once, teamtr once per seed
+    cfg = replace(SMOKE, seeds=3, eval_tasks=3, trainer=replace(SMOKE.trainer, num_stages=1))
+    said: list[str] = []
+    run_finetune_bench(cfg, tmp_path, say=said.append)
+    assert len(played) == 1 + 3 + 3 * 2  # the frozen team once, teamtr once per seed, naive at stages 1 and 2
+    # scheme-major: the frozen team, then every seed of teamtr, then naive (a run stopped part-way holds complete
+    # paired comparisons of the schemes it reached)
+    order = [line.split(":")[0].removeprefix("bench finetune ") for line in said if "held-out success" in line]
+    assert order == [f"frozen seed {s} stage 0" for s in range(3)] + [f"teamtr seed {s} stage 1" for s in range(3)] + [
+        f"naive seed {s} stage {k}" for s in range(3) for k in (1, 2)
+    ]
     rows = read_evals(tmp_path / "evals.csv")
     frozen = {s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
               for s in range(3)}  # fmt: skip
     assert len(frozen[0]) == 3 and frozen[0] == frozen[1] == frozen[2]  # one copy per seed, no more
-    assert len(rows) == 3 * 3 + 3 * 3  # frozen and teamtr at stage 1, per seed and task
+    assert len(rows) == 3 * 3 + 3 * 3 + 3 * 3 * 2  # frozen, teamtr at stage 1, naive at 1 and 2, per seed and task
 
 
 def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: Path) -> None:

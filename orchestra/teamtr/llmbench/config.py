@@ -60,9 +60,11 @@ class FinetuneBenchConfig:
     trainer: TeamTRConfig = field(default_factory=lambda: LLM_BENCH_TRAINER)  # the trainer of every run
     schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes (the frozen team is always in)
     seeds: int = 3  # seeds per scheme; seed s gives every scheme the same init and first batch
-    # held-out tasks of every evaluation (the same tasks and episode seeds every time); the test split holds 133 distinct
-    # one-step word problems
-    eval_tasks: int = 120
+    # held-out tasks of every evaluation (the same tasks and episode seeds every time): all 133 distinct one-step word
+    # problems of the test split. The issue asks for 200; mixing in level 2 would give them, but the frozen team then
+    # solves 12.5% of 80 validation tasks (level 1: 16.7% of 36, level 2: 9.1% of 44), below the 20-60% band the
+    # comparison needs, and widening level 1 would change the phase-1 benchmark's tasks
+    eval_tasks: int = 133
     eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once
     eval_every: int = 0  # stages between extra held-out evaluations (learning curves); 0 = the accountings' only
     extend_for_episodes: bool = True  # one-batch schemes run n × the stages (the equal-episodes accounting)

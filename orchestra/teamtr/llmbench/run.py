@@ -160,7 +160,6 @@ def run_finetune_bench(
         os.replace(partial, evals_path)
     tasks = held_out_tasks(cfg)
     greedy = cfg.team.eval_temperature == 0
-    n = cfg.n_agents
 
     def record(scheme: str, seed: int, stage: int, played: list[dict[str, Any]], log: Any) -> None:
         st = log.stages[stage - 1] if stage else {}
@@ -173,28 +172,28 @@ def run_finetune_bench(
         mean = sum(r["success"] for r in played) / len(played)
         talk(f"bench finetune {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
 
+    # Scheme-major: the frozen team first, then every seed of the first scheme (teamtr by default), and so on, so a
+    # run stopped part-way already holds complete paired comparisons of the schemes it reached. A team is built per
+    # (scheme, seed) from that seed's config, so its initial adapters are the same whichever scheme it serves.
+    frozen_rows = sorted({r["seed"] for r in rows if r["scheme"] == FROZEN})
     for seed in range(cfg.seeds):
-        todo = [(s, k) for s in cfg.schemes for k in cfg.eval_stages(s)[1:] if (s, seed, k) not in done]
-        need_frozen = (FROZEN, seed, 0) not in done
-        if not todo and not need_frozen:
+        if (FROZEN, seed, 0) in done:
             continue
-        team = LLMTeam(cfg.team_config(seed), log=talk)
-        initial = [team.state(i) for i in range(n)]
-        if need_frozen:
-            played_seeds = sorted({r["seed"] for r in rows if r["scheme"] == FROZEN})
-            source = (
-                [r for r in rows if r["scheme"] == FROZEN and r["seed"] == played_seeds[0]]
-                if greedy and played_seeds
-                else []
-            )
-            played = [{k: r[k] for k in EVAL_FIELDS[6:]} for r in source] or evaluate(team, tasks, cfg)
-            record(FROZEN, seed, 0, played, None)
-        for scheme in cfg.schemes:
+        source = (
+            [r for r in rows if r["scheme"] == FROZEN and r["seed"] == frozen_rows[0]] if greedy and frozen_rows else []
+        )
+        if source:
+            played = [{k: r[k] for k in EVAL_FIELDS[6:]} for r in source]
+        else:
+            played = evaluate(LLMTeam(cfg.team_config(seed), log=talk), tasks, cfg)
+            frozen_rows = frozen_rows or [seed]
+        record(FROZEN, seed, 0, played, None)
+    for scheme in cfg.schemes:
+        for seed in range(cfg.seeds):
             stages = [k for k in cfg.eval_stages(scheme)[1:] if (scheme, seed, k) not in done]
             if not stages:
                 continue
-            for i, state in enumerate(initial):
-                team.load_state(i, state)
+            team = LLMTeam(cfg.team_config(seed), log=talk)
             run_dir = out / "runs" / f"{scheme}-seed{seed}"
             t_run = time.perf_counter()
             for stage in stages:
@@ -208,6 +207,7 @@ def run_finetune_bench(
                     )
                 record(scheme, seed, stage, evaluate(team, tasks, cfg), log)
             talk(f"bench finetune {scheme} seed {seed}: done in {time.perf_counter() - t_run:.0f} s")
+            del team
     tables = analyse(cfg, rows, out / "runs")
     for name, table in tables.items():
         if table:
