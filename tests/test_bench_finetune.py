@@ -176,6 +176,26 @@ def test_resume_redoes_only_a_cut_short_evaluation(smoke_dir: Path, tmp_path: Pa
     assert again == first  # the re-played evaluation repeats exactly
 
 
+def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    assert "Interim report" not in (smoke_dir / "summary.md").read_text()  # the complete run is not marked
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_dir, copy)
+    lines = (copy / "evals.csv").read_text().splitlines(keepends=True)
+    (copy / "evals.csv").write_text("".join(lines[:-2]))  # the last evaluation (naive, stage 4) cut short
+    said: list[str] = []
+    result = run_finetune_bench(SMOKE, copy, say=said.append, play=False)
+    assert not [s for s in said if "held-out success" in s]  # nothing was played
+    assert len(read_evals(copy / "evals.csv")) == (len(lines) - 1 - SMOKE.eval_tasks)  # only complete ones kept
+    summary = result.summary.read_text()
+    assert "Interim report: 1 evaluations are not in yet** (naive: seed 0 stage 4)" in summary
+    # naive at equal episodes (stage 4) is left out of every table; at equal stages it is there
+    final = {(r["accounting"], r["scheme"]) for r in result.tables["final"]}
+    assert ("equal_stages", "naive") in final and ("equal_episodes", "naive") not in final
+    assert not [r for r in result.tables["vs_frozen"] if r["accounting"] == "equal_episodes" and r["scheme"] == "naive"]
+
+
 def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

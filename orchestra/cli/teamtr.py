@@ -92,6 +92,7 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
             "threads",
             Opt("progress", "--quiet", help="no progress output"),
             "tensorboard",
+            "report_only",
         ],
     )
     f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
@@ -113,7 +114,8 @@ seeds. Read at equal stages and at equal sampled episodes; paired 95% CIs over t
 between schemes (Holm-adjusted), the per-seed differences beside them.
 
 Writes OUT/config.json, OUT/evals.csv (one row per evaluation and task), the tables as CSV, learning_curves.png,
-summary.md and OUT/runs/SCHEME-seedS/ (each run's metrics and checkpoints). Resumable: run the same command again.
+summary.md and OUT/runs/SCHEME-seedS/ (each run's metrics and checkpoints). Resumable: run the same command again;
+the same command with --report-only writes the report of what is there so far, marked interim.
 Tune settings with --eval-split validation; report the test split once per released configuration.
 """
 

@@ -42,6 +42,8 @@ class FinetuneBenchJob:
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # one line per evaluation and run on stderr
     tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
+    # train and play nothing: the report of the evaluations already in OUT (interim while a run is unfinished)
+    report_only: bool = False
 
 
 def run_finetune_bench_job(job: FinetuneBenchJob) -> FinetuneBenchResult:
@@ -54,7 +56,7 @@ def run_finetune_bench_job(job: FinetuneBenchJob) -> FinetuneBenchResult:
     if job.threads:
         torch.set_num_threads(job.threads)
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if job.progress else (lambda _line: None)
-    result = run_finetune_bench(job.bench, job.out, say=say, tensorboard=job.tensorboard)
+    result = run_finetune_bench(job.bench, job.out, say=say, tensorboard=job.tensorboard, play=not job.report_only)
     if job.report:
         publish(result.summary, Path(job.report))
     return result

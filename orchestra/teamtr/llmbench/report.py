@@ -168,12 +168,30 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
     return lines
 
 
+def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
+    if not missing:
+        return []
+    by: dict[str, list[str]] = {}
+    for scheme, seed, stage in missing:
+        by.setdefault(scheme, []).append(f"seed {seed} stage {stage}")
+    listed = "; ".join(f"{scheme}: {', '.join(keys)}" for scheme, keys in by.items())
+    return [
+        f"**Interim report: {len(missing)} evaluations are not in yet** ({listed}). Every table below holds only "
+        "the comparisons whose evaluations are complete for every seed; rerun the same command to continue.",
+        "",
+    ]
+
+
 def summary_sections(
-    cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float
+    cfg: FinetuneBenchConfig,
+    tables: dict[str, list[dict[str, Any]]],
+    seconds: float,
+    missing: Sequence[tuple[str, int, int]] = (),
 ) -> dict[str, list[str]]:
-    """``summary.md`` as named sections: setting, final, vs_frozen, pairwise, reading, files."""
+    """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
+    yet), final, vs_frozen, pairwise, reading, files."""
     return {
-        "setting": _setting(cfg, seconds),
+        "setting": _setting(cfg, seconds) + _interim(missing),
         "final": _final(cfg, tables),
         "vs_frozen": _paired("Against the frozen team", tables["vs_frozen"], cfg, FROZEN),
         "pairwise": _paired("Between schemes", tables["pairwise"], cfg, None),

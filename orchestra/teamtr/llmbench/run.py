@@ -89,6 +89,12 @@ def complete_evaluations(rows: Sequence[dict[str, Any]], n_tasks: int) -> set[tu
     return {k for k, t in tasks.items() if t == set(range(n_tasks))}
 
 
+def expected_evaluations(cfg: FinetuneBenchConfig) -> list[tuple[str, int, int]]:
+    """Every (scheme, seed, stage) evaluation of a complete run, in the order the run plays them."""
+    frozen = [(FROZEN, seed, 0) for seed in range(cfg.seeds)]
+    return frozen + [(s, seed, k) for s in cfg.schemes for seed in range(cfg.seeds) for k in cfg.eval_stages(s)[1:]]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # one evaluation
 
@@ -129,10 +135,12 @@ def run_finetune_bench(
     *,
     say: Callable[[str], None] | None = None,
     tensorboard: bool = False,
+    play: bool = True,
 ) -> FinetuneBenchResult:
     """Run every (scheme, seed), evaluate each at its evaluation stages, write the tables, plots and
     ``summary.md`` into ``out_dir`` (``tensorboard``: each run's update and stage metrics also as event files in
-    ``runs/SCHEME-seedS/tensorboard/``).
+    ``runs/SCHEME-seedS/tensorboard/``). ``play=False`` trains and plays nothing: the report of the evaluations
+    already in ``out_dir``, marked interim when some are missing.
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
@@ -176,7 +184,7 @@ def run_finetune_bench(
     # run stopped part-way already holds complete paired comparisons of the schemes it reached. A team is built per
     # (scheme, seed) from that seed's config, so its initial adapters are the same whichever scheme it serves.
     frozen_rows = sorted({r["seed"] for r in rows if r["scheme"] == FROZEN})
-    for seed in range(cfg.seeds):
+    for seed in range(cfg.seeds if play else 0):
         if (FROZEN, seed, 0) in done:
             continue
         source = (
@@ -188,7 +196,7 @@ def run_finetune_bench(
             played = evaluate(LLMTeam(cfg.team_config(seed), log=talk), tasks, cfg)
             frozen_rows = frozen_rows or [seed]
         record(FROZEN, seed, 0, played, None)
-    for scheme in cfg.schemes:
+    for scheme in cfg.schemes if play else ():
         for seed in range(cfg.seeds):
             stages = [k for k in cfg.eval_stages(scheme)[1:] if (scheme, seed, k) not in done]
             if not stages:
@@ -218,10 +226,14 @@ def run_finetune_bench(
     plot(cfg, rows, tables, out)
     from orchestra.teamtr.bench.report import join_sections
 
-    sections = summary_sections(cfg, tables, time.perf_counter() - t0)
+    missing = [key for key in expected_evaluations(cfg) if key not in done]
+    sections = summary_sections(cfg, tables, time.perf_counter() - t0, missing=missing)
     summary = out / "summary.md"
     summary.write_text(join_sections(sections))
     return FinetuneBenchResult(summary, sections, tables)
 
 
-__all__ = ["EVAL_FIELDS", "FROZEN", "FinetuneBenchResult", "evaluate", "held_out_tasks", "run_finetune_bench"]
+__all__ = [
+    "EVAL_FIELDS", "FROZEN", "FinetuneBenchResult", "evaluate", "expected_evaluations", "held_out_tasks",
+    "run_finetune_bench",
+]  # fmt: skip
