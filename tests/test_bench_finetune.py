@@ -15,6 +15,7 @@ from scipy import stats as sps
 
 from orchestra.teamtr.llmbench.analysis import acceptance, analyse, paired_row
 from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
+from orchestra.teamtr.llmbench.report import summary_sections
 from orchestra.teamtr.llmbench.run import EVAL_FIELDS, read_evals, run_finetune_bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -87,7 +88,13 @@ def test_paired_row_matches_scipy_and_reads_seeds_apart() -> None:
     assert r["per_seed"] == " ".join(f"{v:+.3f}" for v in per_seed)
     assert r["p_seeds"] == pytest.approx(sps.ttest_1samp(per_seed, 0.0).pvalue)
     same = paired_row(b, b)  # identical teams: no spread, no test
-    assert same["diff"] == 0 and math.isnan(same["p"])
+    assert same["diff"] == 0 and math.isnan(same["p"]) and math.isnan(same["mdd"])
+    # MDD: a true difference of that size, with the observed spread, is detected with 80% power (two-sided, 5%)
+    from statsmodels.stats.power import TTestPower
+
+    power = TTestPower().power(effect_size=r["mdd"] / d.std(ddof=1), nobs=d.size, alpha=0.05, alternative="two-sided")
+    assert power == pytest.approx(0.8, abs=1e-4)  # solve_power solves to about 1e-6
+    assert paired_row(a[:, :50], b[:, :50])["mdd"] > r["mdd"]  # fewer tasks detect only larger effects
 
 
 def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -123,6 +130,14 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     # no effect: the acceptance reads False
     null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
     assert acceptance(null) == {"equal_stages": False, "equal_episodes": False}
+    # noise without an effect: not an improvement, and the reading says how large an effect the test could have seen
+    flip = rng.random((3, 200)) < np.where(frozen == 1, 0.14, 0.06)  # as many losses as gains on average
+    noisy = np.where(flip, 1.0 - frozen, frozen)
+    tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": noisy, "naive": frozen.copy()}), tmp_path)
+    row = next(r for r in tables["vs_frozen"] if r["scheme"] == "teamtr" and r["measure"] == "success")
+    reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
+    assert not acceptance(tables)["equal_stages"]
+    assert f"With 200 tasks the test detects a true Δ of {100 * row['mdd']:.1f} points with 80% power" in reading
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -60,7 +60,19 @@ def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     d_seed = (a - b).mean(axis=1)
     p_seeds = float(sps.ttest_1samp(d_seed, 0.0).pvalue) if d_seed.size > 1 and np.ptp(d_seed) > 0 else math.nan
     return dict(diff=mean, lo=lo, hi=hi, p=p, tasks=int(d_task.size), seeds=int(d_seed.size),
-                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds)  # fmt: skip
+                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds, mdd=detectable(d_task))  # fmt: skip
+
+
+def detectable(d_task: np.ndarray, power: float = 0.8, alpha: float = 0.05) -> float:
+    """The smallest true mean difference the two-sided t-test over these tasks detects with ``power`` at ``alpha``
+    (before Holm), taking the observed SD of the per-task differences as the true one (statsmodels'
+    ``TTestPower``); nan without spread. What a null result at this sample size can and cannot rule out."""
+    from statsmodels.stats.power import TTestPower
+
+    if d_task.size < 2 or np.ptp(d_task) == 0:
+        return math.nan
+    effect = TTestPower().solve_power(nobs=d_task.size, alpha=alpha, power=power, alternative="two-sided")
+    return float(effect) * float(d_task.std(ddof=1))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:
@@ -168,4 +180,4 @@ def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ACCOUNTINGS", "accounting_stage", "acceptance", "analyse", "outcome_matrix", "paired_row"]
+__all__ = ["ACCOUNTINGS", "accounting_stage", "acceptance", "analyse", "detectable", "outcome_matrix", "paired_row"]
