@@ -1,8 +1,9 @@
 """Running the real-LLM fine-tuning benchmark: every (scheme, seed) run, its held-out evaluations in ``evals.csv``,
 resume, then the tables, plots and ``summary.md``.
 
-Per run seed one :class:`~orchestra.teamtr.llm.LLMTeam` is built (its LoRA init from the seed); every scheme of that
-seed starts from those initial adapters and trains with the same trainer seed, so the schemes are PAIRED. A run is
+Per (scheme, run seed) an :class:`~orchestra.teamtr.llm.LLMTeam` is built from that seed's config (its LoRA init
+seeded by it, so every scheme of a seed starts from the same initial adapters) and trains with the same trainer seed,
+so the schemes are PAIRED. The runs go scheme by scheme, every seed of one before the next. A run is
 trained by :func:`orchestra.teamtr.trainer.train` into its own run directory (``runs/{scheme}-seed{s}/``: resolved
 config, per-update and per-stage metrics, stage checkpoints) up to each evaluation stage in turn; the team is then
 played, greedily by default, on the same held-out tasks with the same episode seeds, one ``evals.csv`` row per task.
