@@ -204,7 +204,7 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
     assert not [s for s in said if "held-out success" in s]  # nothing was played
     assert len(read_evals(copy / "evals.csv")) == (len(lines) - 1 - SMOKE.eval_tasks)  # only complete ones kept
     summary = result.summary.read_text()
-    assert "Interim report: 1 evaluations are not in yet** (naive: seed 0 stage 4)" in summary
+    assert "Interim report: 1 evaluation is not in yet** (naive: seed 0 stage 4)" in summary
     # naive at equal episodes (stage 4) is left out of every table; at equal stages it is there
     final = {(r["accounting"], r["scheme"]) for r in result.tables["final"]}
     assert ("equal_stages", "naive") in final and ("equal_episodes", "naive") not in final

@@ -184,7 +184,8 @@ def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
         by.setdefault(scheme, []).append(f"seed {seed} stage {stage}")
     listed = "; ".join(f"{scheme}: {', '.join(keys)}" for scheme, keys in by.items())
     return [
-        f"**Interim report: {len(missing)} evaluations are not in yet** ({listed}). Every table below holds only "
+        f"**Interim report: {len(missing)} evaluation{' is' if len(missing) == 1 else 's are'} not in yet** "
+        f"({listed}). Every table below holds only "
         "the comparisons whose evaluations are complete for every seed; rerun the same command to continue.",
         "",
     ]
