@@ -95,6 +95,8 @@ def test_paired_row_matches_scipy_and_reads_seeds_apart() -> None:
     power = TTestPower().power(effect_size=r["mdd"] / d.std(ddof=1), nobs=d.size, alpha=0.05, alternative="two-sided")
     assert power == pytest.approx(0.8, abs=1e-4)  # solve_power solves to about 1e-6
     assert paired_row(a[:, :50], b[:, :50])["mdd"] > r["mdd"]  # fewer tasks detect only larger effects
+    assert (r["won"], r["lost"]) == (int((a > b).sum()), 0)  # A solves what B does: it never loses a (seed, task)
+    assert (paired_row(b, a)["won"], paired_row(b, a)["lost"]) == (0, r["won"])
 
 
 def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, np.ndarray]) -> list[dict[str, Any]]:

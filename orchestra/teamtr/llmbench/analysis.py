@@ -60,7 +60,8 @@ def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     d_seed = (a - b).mean(axis=1)
     p_seeds = float(sps.ttest_1samp(d_seed, 0.0).pvalue) if d_seed.size > 1 and np.ptp(d_seed) > 0 else math.nan
     return dict(diff=mean, lo=lo, hi=hi, p=p, tasks=int(d_task.size), seeds=int(d_seed.size),
-                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds, mdd=detectable(d_task))  # fmt: skip
+                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds, mdd=detectable(d_task),
+                won=int((a > b).sum()), lost=int((a < b).sum()))  # fmt: skip
 
 
 def detectable(d_task: np.ndarray, power: float = 0.8, alpha: float = 0.05) -> float:

@@ -88,7 +88,8 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
         "accounting and measure (statsmodels). Per seed: the mean difference of each seed; p (seeds): t-test over "
         "seeds, the test of the training procedure rather than of these trained adapters. MDD: the smallest true Δ "
         "the test over these tasks detects with 80% power at α = 0.05 (before Holm), given the observed spread "
-        "(statsmodels' TTestPower): a Δ inside ±MDD that the test misses is not evidence of no effect.",
+        "(statsmodels' TTestPower): a Δ inside ±MDD that the test misses is not evidence of no effect. Won / lost: "
+        "the (seed, task) pairs where the first team did better / worse.",
         "",
     ]
     for accounting in ACCOUNTINGS:
@@ -100,8 +101,8 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
             lines += [
                 f"**{measure}, {_ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)}**",
                 "",
-                "| comparison | Δ | 95% CI | p | p (Holm) | MDD | per seed | p (seeds) |",
-                "|---|---|---|---|---|---|---|---|",
+                "| comparison | Δ | 95% CI | p | p (Holm) | MDD | won / lost | per seed | p (seeds) |",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
             for r in rows:
                 name = f"{r['scheme']} − {against or r['vs']}"
@@ -110,7 +111,8 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
                     per_seed = " ".join(f"{100 * float(v):+.1f}" for v in per_seed.split())
                 lines.append(
                     f"| {name} | {fmt(r['diff'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] | {_pval(r['p'])} | "
-                    f"{_pval(r['p_holm'])} | {fmt(r['mdd'])} | {per_seed} | {_pval(r['p_seeds'])} |"
+                    f"{_pval(r['p_holm'])} | {fmt(r['mdd'])} | {r['won']} / {r['lost']} | {per_seed} | "
+                    f"{_pval(r['p_seeds'])} |"
                 )
             lines.append("")
     return lines
