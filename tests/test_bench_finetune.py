@@ -35,11 +35,17 @@ def _csv(path: Path) -> list[dict[str, str]]:
 def test_accountings_and_evaluation_stages() -> None:
     cfg = FinetuneBenchConfig()  # 2 trainable workers, 8 stages
     assert cfg.n_agents == 2 and cfg.num_stages == 6
-    assert cfg.stages_for("teamtr") == 6 and cfg.stages_for("stale_indep") == 6
-    assert cfg.stages_for("naive") == cfg.stages_for("joint") == cfg.stages_for("happo") == 12
-    assert cfg.eval_stages("teamtr") == (0, 6) and cfg.eval_stages("naive") == (0, 6, 12)
+    assert cfg.episode_stage("teamtr") == 6 and cfg.episode_stage("stale_indep") == 6
+    assert cfg.episode_stage("naive") == cfg.episode_stage("joint") == cfg.episode_stage("happo") == 12
+    # the equal-updates control: teamtr also runs to the one-batch schemes' last stage, read at 6 and at 12
+    assert cfg.long_stages == 12 and all(cfg.stages_for(s) == 12 for s in ("teamtr", "stale_indep", "naive", "happo"))
+    assert cfg.eval_stages("teamtr") == (0, 6, 12) and cfg.eval_stages("naive") == (0, 6, 12)
+    off = replace(cfg, equal_updates_control=False)
+    assert off.long_stages is None and off.stages_for("teamtr") == 6 and off.eval_stages("teamtr") == (0, 6)
+    assert off.stages_for("naive") == 12
     assert replace(cfg, eval_every=4).eval_stages("naive") == (0, 4, 6, 8, 12)
     assert replace(cfg, extend_for_episodes=False).stages_for("naive") == 6
+    assert replace(cfg, extend_for_episodes=False).long_stages is None
     # every scheme of a seed shares the team seed and the trainer seed; seeds differ from each other
     assert (
         cfg.trainer_config("teamtr", 1).seed
@@ -99,12 +105,14 @@ def test_paired_row_matches_scipy_and_reads_seeds_apart() -> None:
     assert (paired_row(b, a)["won"], paired_row(b, a)["lost"]) == (0, r["won"])
 
 
-def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, np.ndarray]) -> list[dict[str, Any]]:
-    """Synthetic evals.csv rows: scheme → (seeds, tasks) success at every evaluation stage of the scheme."""
+def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, Any]) -> list[dict[str, Any]]:
+    """Synthetic evals.csv rows: scheme → (seeds, tasks) success at every evaluation stage of the scheme, or
+    scheme → {stage: (seeds, tasks) success}."""
     rows = []
-    for scheme, m in outcome.items():
+    for scheme, by_stage in outcome.items():
         stages = (0,) if scheme == "frozen" else cfg.eval_stages(scheme)[1:]
         for stage in stages:
+            m = by_stage[stage] if isinstance(by_stage, dict) else by_stage
             for s in range(cfg.seeds):
                 for t in range(cfg.eval_tasks):
                     rows.append(dict(scheme=scheme, seed=s, stage=stage, episodes=stage * 16, tokens=stage * 100,
@@ -123,15 +131,20 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     assert vs[("equal_stages", "success", "teamtr")]["lo"] > 0
     assert vs[("equal_stages", "success", "teamtr")]["p_holm"] < 0.05
     assert vs[("equal_stages", "success", "naive")]["diff"] == 0
-    assert acceptance(tables) == {"equal_stages": True, "equal_episodes": True}
+    assert acceptance(tables) == {"equal_stages": True, "equal_episodes": True, "equal_updates": True}
     pair = next(r for r in tables["pairwise"] if r["measure"] == "success" and r["accounting"] == "equal_episodes")
     assert (pair["scheme"], pair["vs"]) == ("teamtr", "naive") and pair["lo"] > 0
     final = {(r["accounting"], r["scheme"]): r for r in tables["final"]}
     assert final[("equal_episodes", "naive")]["stage"] == 12 and final[("equal_stages", "naive")]["stage"] == 6
+    assert final[("equal_episodes", "teamtr")]["stage"] == 6 and final[("equal_updates", "teamtr")]["stage"] == 12
+    assert final[("equal_updates", "naive")]["stage"] == 12
     assert final[("equal_stages", "teamtr")]["success"] == pytest.approx(better.mean())
     # no effect: the acceptance reads False
     null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
-    assert acceptance(null) == {"equal_stages": False, "equal_episodes": False}
+    assert acceptance(null) == {"equal_stages": False, "equal_episodes": False, "equal_updates": False}
+    off = analyse(replace(cfg, equal_updates_control=False), _rows(cfg, {"frozen": frozen, "teamtr": better,
+                                                                          "naive": frozen.copy()}), tmp_path)  # fmt: skip
+    assert acceptance(off) == {"equal_stages": True, "equal_episodes": True}  # no control, no third reading
     # noise without an effect: not an improvement, and the reading says how large an effect the test could have seen
     flip = rng.random((3, 200)) < np.where(frozen == 1, 0.14, 0.06)  # as many losses as gains on average
     noisy = np.where(flip, 1.0 - frozen, frozen)
@@ -140,6 +153,27 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     assert not acceptance(tables)["equal_stages"]
     assert f"With 200 tasks the test detects a true Δ of {100 * row['mdd']:.1f} points with 80% power" in reading
+
+
+def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path) -> None:
+    """Both schemes gain only with 12 updates per worker: naive's lead at equal episodes (its 12 updates against
+    teamtr's 6) vanishes at equal updates, and the reading says so; a gain teamtr keeps at equal updates survives."""
+    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    rng = np.random.default_rng(2)
+    frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
+    better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
+    updates_only = {6: frozen, 12: better}
+    tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": updates_only, "naive": updates_only}), tmp_path)
+    pair = {r["accounting"]: r for r in tables["pairwise"] if r["measure"] == "success"}
+    assert pair["equal_episodes"]["hi"] < 0 and pair["equal_episodes"]["p_holm"] < 0.05
+    assert pair["equal_updates"]["diff"] == 0 and pair["equal_stages"]["diff"] == 0
+    reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
+    assert "Control, teamtr − naive" in reading and "does not survive when the updates are equal" in reading
+    # teamtr ahead of a naive that never learns, at 6 updates and at 12: the difference survives
+    fresh = {6: better, 12: np.maximum(better, (rng.random((3, 200)) < 0.3).astype(float))}
+    tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": fresh, "naive": frozen.copy()}), tmp_path)
+    reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
+    assert "survives when the updates are equal" in reading and "does not survive" not in reading
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -162,17 +196,19 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
         assert (smoke_dir / name).exists(), name
     rows = read_evals(smoke_dir / "evals.csv")
     keys = {(r["scheme"], r["seed"], r["stage"]) for r in rows}
-    want = {("frozen", 0, 0)} | {("teamtr", 0, k) for k in (1, 2)} | {("naive", 0, k) for k in (1, 2, 3, 4)}
+    want = {("frozen", 0, 0)} | {("teamtr", 0, k) for k in (1, 2, 3, 4)} | {("naive", 0, k) for k in (1, 2, 3, 4)}
     assert keys == want
     assert len(rows) == len(want) * SMOKE.eval_tasks
     by = {(r["scheme"], r["stage"]): r for r in rows if r["task"] == 0}
     # the accountings: teamtr at stage 2 sampled as many episodes as naive at stage 4, twice naive's at stage 2
     assert by[("teamtr", 2)]["episodes"] == by[("naive", 4)]["episodes"] == 2 * by[("naive", 2)]["episodes"] == 16
+    assert by[("teamtr", 4)]["episodes"] == 32  # the equal-updates control: 4 updates each, teamtr 2× the episodes
     for scheme in SMOKE.schemes:
         updates = _csv(smoke_dir / "runs" / f"{scheme}-seed0" / "updates.csv")
         assert updates and all(math.isfinite(float(u["rollout/reward_mean"])) for u in updates)
     summary = (smoke_dir / "summary.md").read_text()
     for needle in ("Against the frozen team", "Between schemes", "equal sampled episodes", "teamtr − naive",
+                   "equal updates, the control", "Control, teamtr − naive",
                    "What the numbers show, and what they do not"):  # fmt: skip
         assert needle in summary
 
@@ -210,6 +246,7 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
     # naive at equal episodes (stage 4) is left out of every table; at equal stages it is there
     final = {(r["accounting"], r["scheme"]) for r in result.tables["final"]}
     assert ("equal_stages", "naive") in final and ("equal_episodes", "naive") not in final
+    assert ("equal_updates", "teamtr") in final and ("equal_updates", "naive") not in final
     assert not [r for r in result.tables["vs_frozen"] if r["accounting"] == "equal_episodes" and r["scheme"] == "naive"]
 
 
@@ -229,18 +266,18 @@ def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
     cfg = replace(SMOKE, seeds=3, eval_tasks=3, trainer=replace(SMOKE.trainer, num_stages=1))
     said: list[str] = []
     run_finetune_bench(cfg, tmp_path, say=said.append)
-    assert len(played) == 1 + 3 + 3 * 2  # the frozen team once, teamtr once per seed, naive at stages 1 and 2
+    assert len(played) == 1 + 3 * 2 + 3 * 2  # the frozen team once, teamtr and naive at stages 1 and 2 per seed
     # scheme-major: the frozen team, then every seed of teamtr, then naive (a run stopped part-way holds complete
     # paired comparisons of the schemes it reached)
     order = [line.split(":")[0].removeprefix("bench finetune ") for line in said if "held-out success" in line]
-    assert order == [f"frozen seed {s} stage 0" for s in range(3)] + [f"teamtr seed {s} stage 1" for s in range(3)] + [
-        f"naive seed {s} stage {k}" for s in range(3) for k in (1, 2)
+    assert order == [f"frozen seed {s} stage 0" for s in range(3)] + [
+        f"{scheme} seed {s} stage {k}" for scheme in ("teamtr", "naive") for s in range(3) for k in (1, 2)
     ]
     rows = read_evals(tmp_path / "evals.csv")
     frozen = {s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
               for s in range(3)}  # fmt: skip
     assert len(frozen[0]) == 3 and frozen[0] == frozen[1] == frozen[2]  # one copy per seed, no more
-    assert len(rows) == 3 * 3 + 3 * 3 + 3 * 3 * 2  # frozen, teamtr at stage 1, naive at 1 and 2, per seed and task
+    assert len(rows) == 3 * 3 + 2 * 3 * 3 * 2  # frozen, teamtr and naive at 1 and 2, per seed and task
 
 
 def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: Path) -> None:

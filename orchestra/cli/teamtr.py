@@ -79,6 +79,11 @@ def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("bench.eval_split", "--eval-split"),
             Opt("bench.eval_every", "--eval-every"),
             Opt("bench.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
+            Opt(
+                "bench.equal_updates_control",
+                "--no-equal-updates-control",
+                help="teamtr stops at --stages (no reading at equal updates with the one-batch schemes' last stage)",
+            ),
             Opt("bench.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
             Opt("bench.trainer.batch_size", "--batch-size"),
             Opt("bench.trainer.lr", "--lr"),
@@ -110,7 +115,8 @@ The first real-LLM comparison of phase 2: the trainable LLM workers of a team (d
 solver and critic under the fixed pipeline solve -> calculator check -> critic check -> revise -> calculator check,
 on one-step word problems; SmolLM2 with one LoRA adapter each) trained
 by teamtr, naive, joint and HAPPO, and the frozen team, all played on the same held-out tasks with the same episode
-seeds. Read at equal stages and at equal sampled episodes; paired 95% CIs over tasks against the frozen team and
+seeds. Read at equal stages, at equal sampled episodes and, as the control of the latter, at equal updates
+(teamtr run as long as the one-batch schemes); paired 95% CIs over tasks against the frozen team and
 between schemes (Holm-adjusted), the per-seed differences beside them.
 
 Writes OUT/config.json, OUT/evals.csv (one row per evaluation and task), the tables as CSV, learning_curves.png,

@@ -23,16 +23,21 @@ import numpy as np
 
 from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
-ACCOUNTINGS = ("equal_stages", "equal_episodes")
+ACCOUNTINGS = ("equal_stages", "equal_episodes", "equal_updates")
 MEASURES = ("success", "return")
 
 
-def accounting_stage(cfg: FinetuneBenchConfig, scheme: str, accounting: str) -> int:
-    """The stage a scheme is read at: ``num_stages`` (equal stages) or :meth:`~FinetuneBenchConfig.stages_for`
-    (equal sampled episodes: teamtr's episode count at ``num_stages``); 0 for the frozen team."""
+def accounting_stage(cfg: FinetuneBenchConfig, scheme: str, accounting: str) -> int | None:
+    """The stage a scheme is read at: ``num_stages`` (equal stages), :meth:`~FinetuneBenchConfig.episode_stage`
+    (equal sampled episodes: teamtr's episode count at ``num_stages``) or ``long_stages`` (the equal-updates control;
+    None when it is off); 0 for the frozen team."""
+    if accounting == "equal_updates" and cfg.long_stages is None:
+        return None
     if scheme == FROZEN:
         return 0
-    return cfg.num_stages if accounting == "equal_stages" else cfg.stages_for(scheme)
+    if accounting == "equal_stages":
+        return cfg.num_stages
+    return cfg.episode_stage(scheme) if accounting == "equal_episodes" else cfg.long_stages
 
 
 def outcome_matrix(
@@ -124,6 +129,8 @@ def analyse(
     for accounting in ACCOUNTINGS:
         for scheme in schemes:
             stage = accounting_stage(cfg, scheme, accounting)
+            if stage is None:
+                continue
             m = {ms: outcome_matrix(rows, scheme, stage, seeds, n_tasks, ms) for ms in MEASURES}
             if m["success"] is None or m["return"] is None:
                 continue

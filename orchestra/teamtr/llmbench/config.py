@@ -5,7 +5,9 @@
 Two accountings, as in the telephone-chain benchmark (``orchestra bench teamtr``): *equal stages* reads every scheme
 after ``trainer.num_stages`` stages (every worker updated that many times; teamtr has then sampled n× the episodes of
 the schemes that sample one batch per stage); *equal episodes* reads the one-batch schemes after n × that many stages,
-when they have sampled as many episodes as teamtr (``extend_for_episodes``)."""
+when they have sampled as many episodes as teamtr (``extend_for_episodes``). Those have then also updated every worker
+n× as often, so a third reading separates the two: *equal updates at n × the stages* (``equal_updates_control``), where
+teamtr runs n × ``num_stages`` as well and every scheme is read there (teamtr having sampled n× the episodes)."""
 
 from __future__ import annotations
 
@@ -68,6 +70,10 @@ class FinetuneBenchConfig:
     eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once
     eval_every: int = 0  # stages between extra held-out evaluations (learning curves); 0 = the accountings' only
     extend_for_episodes: bool = True  # one-batch schemes run n × the stages (the equal-episodes accounting)
+    # the schemes sampling n batches per stage (teamtr) run n × the stages too, and every scheme is also read there
+    # with equal updates (teamtr having sampled n× the episodes): the control telling whether the equal-episodes
+    # reading measures the scheme or only the one-batch schemes' n× more updates; needs extend_for_episodes
+    equal_updates_control: bool = True
     seed: int = 0  # root seed: run seeds, held-out tasks and their episode seeds derive from it
 
     def __post_init__(self) -> None:
@@ -93,19 +99,31 @@ class FinetuneBenchConfig:
         """Stages of the equal-stages accounting: ``trainer.num_stages``."""
         return self.trainer.num_stages
 
-    def stages_for(self, scheme: str) -> int:
-        """Stages a scheme trains for: ``num_stages`` for the schemes that sample n batches per stage (teamtr,
-        stale_indep), n × that for the others with ``extend_for_episodes``."""
+    @property
+    def long_stages(self) -> int | None:
+        """Stages of the equal-updates control (n × ``num_stages``); None when it is off."""
+        on = self.extend_for_episodes and self.equal_updates_control
+        return self.n_agents * self.num_stages if on else None
+
+    def episode_stage(self, scheme: str) -> int:
+        """The stage at which a scheme has sampled as many episodes as teamtr at ``num_stages``: ``num_stages`` for
+        the schemes that sample n batches per stage (teamtr, stale_indep), n × that for the others with
+        ``extend_for_episodes``."""
         if scheme in FULL_VOLUME or not self.extend_for_episodes:
             return self.num_stages
         return self.n_agents * self.num_stages
+
+    def stages_for(self, scheme: str) -> int:
+        """Stages a scheme trains for: its :meth:`episode_stage`, or n × ``num_stages`` for every scheme with the
+        equal-updates control."""
+        return max(self.episode_stage(scheme), self.long_stages or 0)
 
     def eval_stages(self, scheme: str) -> tuple[int, ...]:
         """The stages after which a scheme's team is evaluated: 0 (the frozen team), the accountings' stages and
         every ``eval_every`` (when > 0)."""
         last = self.stages_for(scheme)
         extra = range(self.eval_every, last + 1, self.eval_every) if self.eval_every else ()
-        stages = {0, self.num_stages, last, *extra}
+        stages = {0, self.num_stages, self.episode_stage(scheme), last, *extra}
         return tuple(sorted(s for s in stages if s <= last))
 
     @classmethod

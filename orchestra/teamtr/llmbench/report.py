@@ -17,7 +17,12 @@ from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",
     "equal_episodes": "equal sampled episodes (teamtr's episodes at stage {S})",
+    "equal_updates": "equal updates, the control (every worker updated {L} times; teamtr sampled {n}× the episodes)",
 }
+
+
+def _acc_text(cfg: FinetuneBenchConfig, accounting: str) -> str:
+    return _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages, L=cfg.long_stages, n=cfg.n_agents)
 
 
 def _pct(v: float) -> str:
@@ -37,7 +42,9 @@ def _setting(cfg: FinetuneBenchConfig, seconds: float) -> list[str]:
         f"{team.max_tokens} new tokens per turn; reward: {team.reward}.",
         "",
         f"Trainer: {tr.num_stages} stages (equal-stages accounting; one-batch schemes run "
-        f"{cfg.stages_for('naive')} for equal episodes), batches of {tr.batch_size} episodes "
+        f"{cfg.episode_stage('naive')} for equal episodes"
+        + (f"; teamtr also runs {cfg.long_stages}, the equal-updates control" if cfg.long_stages else "")
+        + f"), batches of {tr.batch_size} episodes "
         f"({tr.batch_size // team.group_size} tasks × G = {team.group_size}), {tr.optimizer} lr {tr.lr:g} "
         f"(optimizer state {tr.optimizer_state}), {tr.num_epochs} epoch(s), trust region {tr.trust_region} with δ = "
         f"{tr.delta} per token, advantage {tr.advantage}. Schemes: {', '.join(cfg.schemes)}; {cfg.seeds} seeds "
@@ -64,7 +71,7 @@ def _final(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) ->
         if not rows:
             continue
         lines += [
-            f"**{_ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)}**",
+            f"**{_acc_text(cfg, accounting)}**",
             "",
             "| scheme | stage | success | ± seed SD | return | episodes | tokens sampled | train min | tokens/eval task |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -99,7 +106,7 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
                 continue
             fmt = _pct if measure == "success" else (lambda v: _cell(v))
             lines += [
-                f"**{measure}, {_ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)}**",
+                f"**{measure}, {_acc_text(cfg, accounting)}**",
                 "",
                 "| comparison | Δ | 95% CI | p | p (Holm) | MDD | won / lost | per seed | p (seeds) |",
                 "|---|---|---|---|---|---|---|---|---|",
@@ -136,7 +143,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         )  # fmt: skip
         if row is None:
             continue
-        text = _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)
+        text = _acc_text(cfg, accounting)
         if verdict.get(accounting):
             lines.append(
                 f"- At {text}, teamtr improves held-out success over the frozen team by {_pct(row['diff'])} points "
@@ -160,7 +167,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
             r for r in tables["pairwise"]
             if r["accounting"] == accounting and r["measure"] == "success" and r["p_holm"] < 0.05
         ]  # fmt: skip
-        text = _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages)
+        text = _acc_text(cfg, accounting)
         if sig:
             pairs = "; ".join(
                 f"{r['scheme']} − {r['vs']} {_pct(r['diff'])} points (Holm p {_pval(r['p_holm'])})" for r in sig
@@ -168,6 +175,25 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
             lines.append(f"- Scheme differences in success that survive Holm at {text}: {pairs}.")
         elif any(r["accounting"] == accounting for r in tables["pairwise"]):
             lines.append(f"- No difference in success between two schemes survives Holm at {text}.")
+    for r in tables["pairwise"]:  # the control: does an equal-episodes gap survive equal updates?
+        if r["accounting"] != "equal_episodes" or r["measure"] != "success" or "teamtr" not in (r["scheme"], r["vs"]):
+            continue
+        same = next(
+            (c for c in tables["pairwise"] if c["accounting"] == "equal_updates" and c["measure"] == "success"
+             and (c["scheme"], c["vs"]) == (r["scheme"], r["vs"])),
+            None,
+        )  # fmt: skip
+        if same is None:
+            continue
+        kept = (
+            "survives" if same["p_holm"] < 0.05 and np.sign(same["diff"]) == np.sign(r["diff"]) else "does not survive"
+        )
+        lines.append(
+            f"- Control, {r['scheme']} − {r['vs']}: {_pct(r['diff'])} points at equal sampled episodes (Holm p "
+            f"{_pval(r['p_holm'])}), {_pct(same['diff'])} points [{_pct(same['lo'])}, {_pct(same['hi'])}] at "
+            f"{_acc_text(cfg, 'equal_updates')} (Holm p {_pval(same['p_holm'])}): the equal-episodes difference "
+            + (f"{kept} when the updates are equal." if r["p_holm"] < 0.05 else "was not significant to begin with.")
+        )
     lines += [
         "- The task-level intervals hold the trained adapters fixed; with "
         f"{cfg.seeds} seeds, the seed-level p values are the evidence about the training procedure, and they are "
