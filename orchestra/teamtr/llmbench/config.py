@@ -2,7 +2,7 @@
 ``TeamTRConfig`` and ``LLMTeamConfig`` every run trains with (one source each: :data:`LLM_BENCH_TRAINER`,
 :data:`LLM_BENCH_TEAM`).
 
-Two accountings, as in the telephone-chain benchmark (``orchestra bench teamtr``): *equal stages* reads every scheme
+Three readings. Two accountings, as in the telephone-chain benchmark (``orchestra bench teamtr``): *equal stages* reads every scheme
 after ``trainer.num_stages`` stages (every worker updated that many times; teamtr has then sampled n× the episodes of
 the schemes that sample one batch per stage); *equal episodes* reads the one-batch schemes after n × that many stages,
 when they have sampled as many episodes as teamtr (``extend_for_episodes``). Those have then also updated every worker
@@ -109,9 +109,8 @@ class FinetuneBenchConfig:
         """The stage at which a scheme has sampled as many episodes as teamtr at ``num_stages``: ``num_stages`` for
         the schemes that sample n batches per stage (teamtr, stale_indep), n × that for the others with
         ``extend_for_episodes``."""
-        if scheme in FULL_VOLUME or not self.extend_for_episodes:
-            return self.num_stages
-        return self.n_agents * self.num_stages
+        one_batch = scheme not in FULL_VOLUME and self.extend_for_episodes
+        return self.n_agents * self.num_stages if one_batch else self.num_stages
 
     def stages_for(self, scheme: str) -> int:
         """Stages a scheme trains for: its :meth:`episode_stage`, or n × ``num_stages`` for every scheme with the
