@@ -17,7 +17,15 @@ import torch
 from orchestra.teamtr.config import TeamTRConfig
 from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig, LLMTeamError
 from orchestra.teamtr.llm_rollout import LLMRollout, Turn
-from orchestra.teamtr.trainer import AgentState, UpdateInputs, compute_advantages, team_loss, train, update_agents
+from orchestra.teamtr.trainer import (
+    AgentState,
+    TrainHooks,
+    UpdateInputs,
+    compute_advantages,
+    team_loss,
+    train,
+    update_agents,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -277,6 +285,38 @@ def test_train_tiny_team_and_resume(random_team: LLMTeam, tmp_path: Path) -> Non
     assert _without_perf(resumed.updates) == _without_perf(full.updates)
     for i in range(2):
         assert all(torch.equal(team.state(i)[k], final[i][k]) for k in final[i])
+
+
+def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(random_team: LLMTeam) -> None:
+    """teamtr on the LLM path: the batch the second worker trains on was sampled with the FIRST worker's updated
+    adapter, not its stage-start one (no adapter copy, prefix or KV cache outlives an update). The first worker's
+    recorded behaviour log-probs on that batch match its parameters after the update and not those before it."""
+    team = random_team
+    init = [team.state(i) for i in range(2)]
+    gaps: dict[str, float] = {}
+
+    def before_update(stage: int, agents: tuple[int, ...], batch: Any) -> None:
+        if agents != (1,):
+            return
+        own = batch.mask[0]
+        assert bool(own.any()), "the solver took no turn in the critic's batch"
+        with torch.no_grad():
+            gaps["updated"] = float((team.logprobs(0, batch) - batch.behaviour_logprobs[0]).abs()[own].max())
+            now = team.state(0)
+            team.load_state(0, init[0])
+            gaps["stage_start"] = float((team.logprobs(0, batch) - batch.behaviour_logprobs[0]).abs()[own].max())
+            team.load_state(0, now)
+
+    cfg = TeamTRConfig(num_stages=1, batch_size=4, lr=5e-2, trust_region="none", order="fixed", seed=3)
+    try:
+        log = train(team, cfg, hooks=TrainHooks(before_update=before_update))
+    finally:
+        moved = any(not torch.equal(team.state(0)[k], init[0][k]) for k in init[0])
+        for i, s in enumerate(init):
+            team.load_state(i, s)
+    assert [int(u["rollout/agent"]) for u in log.updates] == [0, 1] and moved
+    assert gaps["updated"] <= 1e-4  # sampled by the solver as it is after its update
+    assert gaps["stage_start"] > 100 * max(gaps["updated"], 1e-6)  # and the update is large enough to tell
 
 
 def test_separate_bases_and_frozen_workers(tiny_cfg: LLMTeamConfig) -> None:
