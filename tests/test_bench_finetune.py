@@ -169,11 +169,14 @@ def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path
     assert pair["equal_updates"]["diff"] == 0 and pair["equal_stages"]["diff"] == 0
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     assert "Control, teamtr − naive" in reading and "does not survive when the updates are equal" in reading
+    assert "Over seeds, at equal updates: +0.0 / +0.0 / +0.0 points (no seed shows a difference)" in reading
     # teamtr ahead of a naive that never learns, at 6 updates and at 12: the difference survives
     fresh = {6: better, 12: np.maximum(better, (rng.random((3, 200)) < 0.3).astype(float))}
     tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": fresh, "naive": frozen.copy()}), tmp_path)
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     assert "survives when the updates are equal" in reading and "does not survive" not in reading
+    seeds = next(r for r in tables["pairwise"] if r["accounting"] == "equal_updates" and r["measure"] == "success")
+    assert "(every seed favours teamtr), p over seeds" in reading and min(map(float, seeds["per_seed"].split())) > 0
 
 
 # ----------------------------------------------------------------------------------------------------------------

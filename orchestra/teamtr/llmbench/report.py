@@ -4,7 +4,7 @@ them, as named sections) and ``learning_curves.png``."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,7 +192,8 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
             f"- Control, {r['scheme']} − {r['vs']}: {_pct(r['diff'])} points at equal sampled episodes (Holm p "
             f"{_pval(r['p_holm'])}), {_pct(same['diff'])} points [{_pct(same['lo'])}, {_pct(same['hi'])}] at "
             f"{_acc_text(cfg, 'equal_updates')} (Holm p {_pval(same['p_holm'])}): the equal-episodes difference "
-            + (f"{kept} when the updates are equal." if r["p_holm"] < 0.05 else "was not significant to begin with.")
+            + (f"{kept} when the updates are equal" if r["p_holm"] < 0.05 else "was not significant to begin with")
+            + f" (over tasks). Over seeds, at equal updates: {_seed_text(same)}."
         )
     lines += [
         "- The task-level intervals hold the trained adapters fixed; with "
@@ -202,6 +203,20 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         "",
     ]
     return lines
+
+
+def _seed_text(row: Mapping[str, Any]) -> str:
+    """A pairwise row's seed-level reading: the per-seed differences, whether they agree in sign, the t-test over
+    seeds (the evidence about the training procedure rather than about these trained adapters)."""
+    d = [float(v) for v in str(row["per_seed"]).split()]
+    signs = {int(np.sign(v)) for v in d}
+    if signs == {1} or signs == {-1}:
+        agree = f"every seed favours {row['scheme'] if signs == {1} else row['vs']}"
+    elif signs == {0}:
+        agree = "no seed shows a difference"
+    else:
+        agree = "the seeds do not agree in sign"
+    return f"{' / '.join(f'{100 * v:+.1f}' for v in d)} points ({agree}), p over seeds {_pval(row['p_seeds'])}"
 
 
 def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
