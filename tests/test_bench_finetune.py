@@ -4,6 +4,7 @@ files and tables, resume after a cut-short evaluation, bad input, the CLI."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -293,8 +294,12 @@ def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: P
     (copy / "evals.csv").write_text("".join(lines))
     with pytest.raises(ValueError, match=r"evals\.csv:4: a damaged row"):
         run_finetune_bench(SMOKE, copy, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match="different benchmark config"):
+    with pytest.raises(FileExistsError, match=r"different benchmark config \(eval_tasks differ\)"):
         run_finetune_bench(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
+    with pytest.raises(FileExistsError, match=r"\(trainer\.lr differ\)"):
+        run_finetune_bench(replace(SMOKE, trainer=replace(SMOKE.trainer, lr=0.5)), smoke_dir, say=lambda _line: None)
+    with pytest.raises(FileExistsError, match=r"\(schemes differ\).*appended to teamtr naive"):
+        run_finetune_bench(replace(SMOKE, schemes=("naive", "teamtr")), smoke_dir, say=lambda _line: None)
     assert list(EVAL_FIELDS) == list(_csv(smoke_dir / "evals.csv")[0])
 
 
@@ -316,3 +321,20 @@ def test_cli_bench_finetune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "](finetune_curves.png)" in report.read_text() and (report.parent / "finetune_curves.png").exists()
     assert main(["bench", "finetune", "--smoke", "--schemes", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "schemes" in capsys.readouterr().err
+
+
+def test_a_scheme_appended_to_a_finished_run_keeps_every_evaluation(smoke_dir: Path, tmp_path: Path) -> None:
+    """A control added after the fact (``--schemes`` with one more at the end) continues the same run directory:
+    nothing already played is dropped or played again; the new scheme's evaluations are listed as missing."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_dir, copy)
+    before = read_evals(copy / "evals.csv")
+    more = replace(SMOKE, schemes=(*SMOKE.schemes, "stale_indep"))
+    said: list[str] = []
+    result = run_finetune_bench(more, copy, say=said.append, play=False)
+    assert read_evals(copy / "evals.csv") == before and not [s for s in said if "held-out success" in s]
+    missing = ", ".join(f"seed 0 stage {k}" for k in more.eval_stages("stale_indep")[1:])
+    assert f"Interim report: 4 evaluations are not in yet** (stale_indep: {missing})" in result.summary.read_text()
+    assert json.loads((copy / "config.json").read_text())["schemes"] == [*SMOKE.schemes, "stale_indep"]

@@ -130,6 +130,32 @@ def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[
 # the benchmark
 
 
+def _differing(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted paths of the fields where two JSON objects differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [f for k in sorted(set(a) | set(b)) for f in _differing(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
+    """Refuse to continue a benchmark under another config, with one exception: ``schemes`` may be extended at the
+    end (a control added to a finished comparison). The runs already in were made under the same settings, and the
+    runs go scheme by scheme, so every earlier evaluation stays valid; the Holm families then hold more comparisons.
+
+    Raises:
+        FileExistsError: naming the fields that differ.
+    """
+    stored, new = json.loads(path.read_text()), cfg.to_json()
+    fields = _differing(stored, new)
+    old_schemes, new_schemes = list(stored.get("schemes") or []), list(new["schemes"])
+    if not fields or (fields == ["schemes"] and new_schemes[: len(old_schemes)] == old_schemes):
+        return
+    raise FileExistsError(
+        f"{path} holds a different benchmark config ({', '.join(fields)} differ); use another output directory "
+        f"(schemes may only be appended to {' '.join(old_schemes)})"
+    )
+
+
 def run_finetune_bench(
     cfg: FinetuneBenchConfig,
     out_dir: str | Path,
@@ -144,7 +170,8 @@ def run_finetune_bench(
     already in ``out_dir``, marked interim when some are missing.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
+        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
+            :func:`check_stored_config`).
     """
     from orchestra.teamtr.llm import LLMTeam
     from orchestra.teamtr.llmbench.analysis import analyse
@@ -156,8 +183,8 @@ def run_finetune_bench(
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     config_path, evals_path = out / "config.json", out / "evals.csv"
-    if config_path.exists() and json.loads(config_path.read_text()) != cfg.to_json():
-        raise FileExistsError(f"{config_path} holds a different benchmark config; use another output directory")
+    if config_path.exists():
+        check_stored_config(config_path, cfg)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
     rows = read_evals(evals_path) if evals_path.exists() else []
     done = complete_evaluations(rows, cfg.eval_tasks)
