@@ -77,11 +77,12 @@ def resolved_config(cfg: TeamTRConfig, team_config: Any, team_type: str) -> dict
     return {"format": FORMAT, "trainer": _jsonable(cfg), "team_type": team_type, "team": _jsonable(team_config)}
 
 
-def _flatten(value: Any, prefix: str) -> dict[str, Any]:
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested JSON object as ``{dotted.name: leaf}``."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
         return out
     return {prefix: value}
 
@@ -89,7 +90,7 @@ def _flatten(value: Any, prefix: str) -> dict[str, Any]:
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Dotted names of the fields that differ (``trainer.scheme``, ``team.model.hidden_size``…), ignoring the
     trainer knobs in :data:`~orchestra.teamtr.config.RESUMABLE_FIELDS`."""
-    a, b = _flatten(saved, ""), _flatten(current, "")
+    a, b = flatten(saved, ""), flatten(current, "")
     ignored = {f"trainer.{name}" for name in RESUMABLE_FIELDS}
     return [
         f"{k} ({a.get(k, '<absent>')!r} → {b.get(k, '<absent>')!r})"

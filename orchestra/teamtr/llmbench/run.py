@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestra.teamtr.checkpoint import flatten
 from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
@@ -130,13 +131,6 @@ def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[
 # the benchmark
 
 
-def _differing(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """The dotted paths of the fields where two JSON objects differ."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [f for k in sorted(set(a) | set(b)) for f in _differing(a.get(k), b.get(k), f"{prefix}{k}.")]
-    return [] if a == b else [prefix.rstrip(".")]
-
-
 def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
     """Refuse to continue a benchmark under another config, with one exception: ``schemes`` may be extended at the
     end (a control added to a finished comparison). The runs already in were made under the same settings, and the
@@ -146,7 +140,8 @@ def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
         FileExistsError: naming the fields that differ.
     """
     stored, new = json.loads(path.read_text()), cfg.to_json()
-    fields = _differing(stored, new)
+    a, b = flatten(stored), flatten(new)
+    fields = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
     old_schemes, new_schemes = list(stored.get("schemes") or []), list(new["schemes"])
     if not fields or (fields == ["schemes"] and new_schemes[: len(old_schemes)] == old_schemes):
         return
