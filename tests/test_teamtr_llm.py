@@ -287,10 +287,15 @@ def test_train_tiny_team_and_resume(random_team: LLMTeam, tmp_path: Path) -> Non
         assert all(torch.equal(team.state(i)[k], final[i][k]) for k in final[i])
 
 
-def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(random_team: LLMTeam) -> None:
+@pytest.mark.parametrize(("scheme", "sampled_by"), [("teamtr", "updated"), ("stale_indep", "stage_start")])
+def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(
+    random_team: LLMTeam, scheme: str, sampled_by: str
+) -> None:
     """teamtr on the LLM path: the batch the second worker trains on was sampled with the FIRST worker's updated
     adapter, not its stage-start one (no adapter copy, prefix or KV cache outlives an update). The first worker's
-    recorded behaviour log-probs on that batch match its parameters after the update and not those before it."""
+    recorded behaviour log-probs on that batch match its parameters after the update and not those before it.
+    The stale_indep control is the mirror image: its second batch is new, but sampled by the stage-start team, and
+    the first worker's update is back in place for the second worker's update and after it."""
     team = random_team
     init = [team.state(i) for i in range(2)]
     gaps: dict[str, float] = {}
@@ -307,16 +312,25 @@ def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(random_te
             gaps["stage_start"] = float((team.logprobs(0, batch) - batch.behaviour_logprobs[0]).abs()[own].max())
             team.load_state(0, now)
 
-    cfg = TeamTRConfig(num_stages=1, batch_size=4, lr=5e-2, trust_region="none", order="fixed", seed=3)
+    cfg = TeamTRConfig(
+        num_stages=1,
+        batch_size=4,
+        lr=5e-2,
+        trust_region="none",
+        order="fixed",
+        seed=3,
+        scheme=scheme,  # type: ignore[arg-type]
+    )
     try:
         log = train(team, cfg, hooks=TrainHooks(before_update=before_update))
     finally:
         moved = any(not torch.equal(team.state(0)[k], init[0][k]) for k in init[0])
         for i, s in enumerate(init):
             team.load_state(i, s)
+    other = "stage_start" if sampled_by == "updated" else "updated"
     assert [int(u["rollout/agent"]) for u in log.updates] == [0, 1] and moved
-    assert gaps["updated"] <= 1e-4  # sampled by the solver as it is after its update
-    assert gaps["stage_start"] > 100 * max(gaps["updated"], 1e-6)  # and the update is large enough to tell
+    assert gaps[sampled_by] <= 1e-4  # sampled by the solver as it is after its update (teamtr), before it (control)
+    assert gaps[other] > 100 * max(gaps[sampled_by], 1e-6)  # and the update is large enough to tell
 
 
 def test_separate_bases_and_frozen_workers(tiny_cfg: LLMTeamConfig) -> None:
