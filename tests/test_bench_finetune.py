@@ -140,6 +140,18 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     assert final[("equal_episodes", "teamtr")]["stage"] == 6 and final[("equal_updates", "teamtr")]["stage"] == 12
     assert final[("equal_updates", "naive")]["stage"] == 12
     assert final[("equal_stages", "teamtr")]["success"] == pytest.approx(better.mean())
+    # headroom: the share of tasks some evaluated team solves, here what better's three seeds solve between them
+    (room,) = tables["headroom"]
+    assert (
+        room["oracle"] == pytest.approx(better.max(axis=0).mean()) and room["teams"] == 1 + 2 * 3 * 2
+    )  # frozen + 2 schemes × 3 seeds × 2 stages
+    assert room["never"] == pytest.approx(1 - room["oracle"]) and room["frozen"] == pytest.approx(frozen.mean())
+    reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
+    assert (
+        f"the best of the 13 evaluated teams (every scheme, seed and stage, and the frozen team) solves {room['oracle']:.1%}"
+        in reading
+    )
+    assert "Other schemes that improve" not in reading  # naive plays as the frozen team
     # no effect: the acceptance reads False
     null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
     assert acceptance(null) == {"equal_stages": False, "equal_episodes": False, "equal_updates": False}
@@ -171,6 +183,16 @@ def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     assert "Control, teamtr − naive" in reading and "does not survive when the updates are equal" in reading
     assert "Over seeds, at equal updates: +0.0 / +0.0 / +0.0 points (no seed shows a difference)" in reading
+    gain = next(r for r in tables["vs_frozen"] if r["accounting"] == "equal_episodes" and r["scheme"] == "naive"
+                and r["measure"] == "success")  # fmt: skip
+    assert (
+        gain["lo"] > 0
+        and (
+            "Other schemes that improve held-out success over the frozen team at equal sampled episodes "
+            f"(teamtr's episodes at stage 6) (95% interval above 0, Holm p < 0.05 over tasks): naive +{100 * gain['diff']:.1f} points"
+        )
+        in reading
+    )
     # teamtr ahead of a naive that never learns, at 6 updates and at 12: the difference survives
     fresh = {6: better, 12: np.maximum(better, (rng.random((3, 200)) < 0.3).astype(float))}
     tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": fresh, "naive": frozen.copy()}), tmp_path)
@@ -247,6 +269,8 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
     assert len(read_evals(copy / "evals.csv")) == (len(lines) - 1 - SMOKE.eval_tasks)  # only complete ones kept
     summary = result.summary.read_text()
     assert "Interim report: 1 evaluation is not in yet** (naive: seed 0 stage 4)" in summary
+    assert "`--report-only`: nothing played here" in summary and "Wall time of this invocation" not in summary
+    assert "Wall time of this invocation" in (smoke_dir / "summary.md").read_text()
     # naive at equal episodes (stage 4) is left out of every table; at equal stages it is there
     final = {(r["accounting"], r["scheme"]) for r in result.tables["final"]}
     assert ("equal_stages", "naive") in final and ("equal_episodes", "naive") not in final

@@ -174,8 +174,25 @@ def analyse(
         curves.append(dict(scheme=scheme, seed=seed, stage=stage, episodes=sub[0]["episodes"], tokens=sub[0]["tokens"],
                            success=float(np.mean([r["success"] for r in sub])),
                            ret=float(np.mean([r["return"] for r in sub]))))  # fmt: skip
-    return dict(final=final, vs_frozen=vs_frozen, pairwise=pairwise, curves=curves,
+    return dict(final=final, vs_frozen=vs_frozen, pairwise=pairwise, curves=curves, headroom=headroom(rows),
                 training=training_curves(runs_dir, cfg))  # fmt: skip
+
+
+def headroom(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A loose ceiling from the evaluations played: ``oracle``, the share of held-out tasks that at least one
+    evaluated team (any scheme, seed and stage, the frozen team included) solves, i.e. a per-task choice of the best
+    of ``teams`` teams made with the answer in hand; ``never``, the share no evaluated team solves. No single trained
+    team is expected to reach the oracle; it says how much of the task set is within reach of these teams at all."""
+    if not rows:
+        return []
+    tasks = sorted({r["task"] for r in rows})
+    solved = {r["task"] for r in rows if r["success"] > 0}
+    frozen = [r["success"] for r in rows if r["scheme"] == FROZEN]
+    return [
+        dict(teams=len({(r["scheme"], r["seed"], r["stage"]) for r in rows if r["scheme"] != FROZEN}) + 1,
+             tasks=len(tasks), frozen=float(np.mean(frozen)) if frozen else math.nan,
+             oracle=len(solved) / len(tasks), never=1 - len(solved) / len(tasks))
+    ]  # fmt: skip
 
 
 def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _pct(v: float) -> str:
     return "—" if math.isnan(v) else f"{100 * v:+.1f}"
 
 
-def _setting(cfg: FinetuneBenchConfig, seconds: float) -> list[str]:
+def _setting(cfg: FinetuneBenchConfig, seconds: float | None) -> list[str]:
     team, tr = cfg.team, cfg.trainer
     steps = " → ".join(team.pipeline) if team.pipeline else f"the team file's {team.conductor!r} schedule"
     return [
@@ -53,7 +53,13 @@ def _setting(cfg: FinetuneBenchConfig, seconds: float) -> list[str]:
         f"Held out: the same {cfg.eval_tasks} `{cfg.eval_split}` tasks with the same episode seeds in every evaluation, "
         f"trainable workers decoding at temperature {team.eval_temperature:g}"
         + (" (greedy: the frozen team is played once and serves every seed)." if team.eval_temperature == 0 else "."),
-        f"Wall time of this invocation: {seconds / 60:.1f} min.",
+        (
+            f"Wall time of this invocation: {seconds / 60:.1f} min (a resumed benchmark counts only its own part; "
+            "each run's training time is in the tables)."
+            if seconds is not None
+            else "Written from the evaluations stored in the run directory (`--report-only`: nothing played here; "
+            "each run's training time is in the tables)."
+        ),
         "",
     ]
 
@@ -162,6 +168,29 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
                     else "The two teams played every held-out task alike: there is no difference to test."
                 )
             )
+    for accounting in ACCOUNTINGS:  # the other schemes against the frozen team
+        gains = [
+            r for r in tables["vs_frozen"]
+            if r["accounting"] == accounting and r["measure"] == "success" and r["scheme"] != "teamtr"
+            and r["p_holm"] < 0.05 and r["lo"] > 0
+        ]  # fmt: skip
+        if gains:
+            listed = "; ".join(
+                f"{r['scheme']} {_pct(r['diff'])} points [{_pct(r['lo'])}, {_pct(r['hi'])}] (Holm p "
+                f"{_pval(r['p_holm'])}; per seed {_seed_text(r)})"
+                for r in gains
+            )
+            lines.append(
+                f"- Other schemes that improve held-out success over the frozen team at {_acc_text(cfg, accounting)} "
+                f"(95% interval above 0, Holm p < 0.05 over tasks): {listed}."
+            )
+    for room in tables.get("headroom", []):
+        lines.append(
+            f"- Headroom: a per-task oracle that picks, with the answer in hand, the best of the {room['teams']} "
+            f"evaluated teams (every scheme, seed and stage, and the frozen team) solves {room['oracle']:.1%} of the "
+            f"{room['tasks']} tasks; {room['never']:.1%} are solved by none. It is a loose ceiling on a choice "
+            "among these teams, not a bound on what training could reach."
+        )
     for accounting in ACCOUNTINGS:
         sig = [
             r for r in tables["pairwise"]
@@ -237,7 +266,7 @@ def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
 def summary_sections(
     cfg: FinetuneBenchConfig,
     tables: dict[str, list[dict[str, Any]]],
-    seconds: float,
+    seconds: float | None,
     missing: Sequence[tuple[str, int, int]] = (),
 ) -> dict[str, list[str]]:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
@@ -251,8 +280,8 @@ def summary_sections(
         "files": [
             "![held-out success and training reward against sampled episodes](learning_curves.png)",
             "",
-            "Files: `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
-            "`curves.csv`, `training.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
+            "Files (in the benchmark's `--out` directory): `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
+            "`curves.csv`, `headroom.csv`, `training.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
             "metrics and checkpoints).",
             "",
         ],

@@ -250,7 +250,7 @@ def run_finetune_bench(
     from orchestra.teamtr.bench.report import join_sections
 
     missing = [key for key in expected_evaluations(cfg) if key not in done]
-    sections = summary_sections(cfg, tables, time.perf_counter() - t0, missing=missing)
+    sections = summary_sections(cfg, tables, time.perf_counter() - t0 if play else None, missing=missing)
     summary = out / "summary.md"
     summary.write_text(join_sections(sections))
     return FinetuneBenchResult(summary, sections, tables)
