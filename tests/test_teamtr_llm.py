@@ -308,6 +308,7 @@ def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(
         with torch.no_grad():
             gaps["updated"] = float((team.logprobs(0, batch) - batch.behaviour_logprobs[0]).abs()[own].max())
             now = team.state(0)
+            gaps["solver_moved"] = float(any(not torch.equal(now[k], init[0][k]) for k in now))
             team.load_state(0, init[0])
             gaps["stage_start"] = float((team.logprobs(0, batch) - batch.behaviour_logprobs[0]).abs()[own].max())
             team.load_state(0, now)
@@ -329,6 +330,7 @@ def test_teamtr_second_batch_is_sampled_by_the_first_worker_as_updated(
             team.load_state(i, s)
     other = "stage_start" if sampled_by == "updated" else "updated"
     assert [int(u["rollout/agent"]) for u in log.updates] == [0, 1] and moved
+    assert gaps["solver_moved"] == 1.0  # the critic's update happens in the team with the solver's update in place
     assert gaps[sampled_by] <= 1e-4  # sampled by the solver as it is after its update (teamtr), before it (control)
     assert gaps[other] > 100 * max(gaps[sampled_by], 1e-6)  # and the update is large enough to tell
 
