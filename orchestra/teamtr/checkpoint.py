@@ -87,16 +87,22 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
+def differing_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``(dotted name, saved leaf, current leaf)`` of every leaf where two JSON objects differ, sorted by name;
+    ``'<absent>'`` stands for a leaf one side lacks."""
+    a, b = flatten(saved), flatten(current)
+    return [
+        (k, a.get(k, "<absent>"), b.get(k, "<absent>"))
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, "<absent>") != b.get(k, "<absent>")
+    ]
+
+
 def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Dotted names of the fields that differ (``trainer.scheme``, ``team.model.hidden_size``…), ignoring the
     trainer knobs in :data:`~orchestra.teamtr.config.RESUMABLE_FIELDS`."""
-    a, b = flatten(saved, ""), flatten(current, "")
     ignored = {f"trainer.{name}" for name in RESUMABLE_FIELDS}
-    return [
-        f"{k} ({a.get(k, '<absent>')!r} → {b.get(k, '<absent>')!r})"
-        for k in sorted(a.keys() | b.keys())
-        if k not in ignored and a.get(k, "<absent>") != b.get(k, "<absent>")
-    ]
+    return [f"{k} ({x!r} → {y!r})" for k, x, y in differing_fields(saved, current) if k not in ignored]
 
 
 def check_config(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:

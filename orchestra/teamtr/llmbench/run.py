@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestra.teamtr.checkpoint import flatten
+from orchestra.teamtr.checkpoint import differing_fields
 from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
@@ -140,8 +140,7 @@ def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
         FileExistsError: naming the fields that differ.
     """
     stored, new = json.loads(path.read_text()), cfg.to_json()
-    a, b = flatten(stored), flatten(new)
-    fields = sorted(k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>"))
+    fields = [name for name, _, _ in differing_fields(stored, new)]
     old_schemes, new_schemes = list(stored.get("schemes") or []), list(new["schemes"])
     if not fields or (fields == ["schemes"] and new_schemes[: len(old_schemes)] == old_schemes):
         return
