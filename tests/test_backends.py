@@ -439,6 +439,79 @@ def test_cache_concurrent_readers(tmp_path: Path) -> None:
     assert not errors and cached.hits == 4 * 20 * 20
 
 
+def _open_fresh_cache(path: str, errors: Any) -> None:
+    try:
+        cache = ResponseCache(path)
+        cache.put(
+            "k",
+            Completion(
+                text=path, token_ids=(1,), logprobs=(0.0,), finish_reason="stop", usage=Usage(1, 1), model_id="m"
+            ),
+        )
+        cache.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        errors.put(repr(e))
+
+
+def test_cache_processes_opening_a_fresh_file_at_once(tmp_path: Path) -> None:
+    """Rollout actors of a fresh run each open the same new cache file at the same moment (CI once failed with
+    "database is locked" there: two connections switching one new file to WAL deadlock, and SQLite answers one at once
+    instead of waiting). Each of 8 processes, started together on 100 fresh files, opens the cache and stores a reply."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    errors = ctx.Queue()
+    for trial in range(100):
+        path = str(tmp_path / f"c{trial}.sqlite")
+        procs = [ctx.Process(target=_open_fresh_cache, args=(path, errors)) for _ in range(8)]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout=120)
+        assert [proc.exitcode for proc in procs] == [0] * 8
+        assert errors.empty(), errors.get()
+        assert len(ResponseCache(path)) == 1
+
+
+def test_cache_setup_retries_a_lock_it_cannot_wait_for(tmp_path: Path) -> None:
+    """The deadlock answer ("database is locked" at once) is retried until the wait runs out, then raised."""
+    import sqlite3
+
+    class Locked:  # a connection whose first ``failures`` statements meet the deadlock answer
+        def __init__(self, conn: sqlite3.Connection, failures: int) -> None:
+            self.conn, self.failures, self.rollbacks = conn, failures, 0
+
+        def execute(self, sql: str) -> Any:
+            if self.failures:
+                self.failures -= 1
+                raise sqlite3.OperationalError("database is locked")
+            return self.conn.execute(sql)
+
+        def commit(self) -> None:
+            self.conn.commit()
+
+        def rollback(self) -> None:
+            self.rollbacks += 1
+            self.conn.rollback()
+
+    conn = sqlite3.connect(tmp_path / "c.sqlite")
+    flaky = Locked(conn, failures=3)
+    ResponseCache._setup(flaky, wait_s=30.0)  # type: ignore[arg-type]
+    assert flaky.rollbacks == 3 and conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("SELECT COUNT(*) FROM responses").fetchone()[0] == 0
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        ResponseCache._setup(Locked(conn, failures=10**6), wait_s=0.3)  # type: ignore[arg-type]
+
+    class Broken(Locked):  # any other error is raised at once, not retried
+        def execute(self, sql: str) -> Any:
+            raise sqlite3.OperationalError("disk I/O error")
+
+    broken = Broken(conn, failures=0)
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        ResponseCache._setup(broken, wait_s=30.0)  # type: ignore[arg-type]
+    assert broken.rollbacks == 0
+
+
 @pytest.mark.slow
 def test_cache_replays_real_smollm2(tmp_path: Path, llama: Any) -> None:
     cached = make_backend({"type": "llamacpp", "model": "smollm2", "n_ctx": 1024, "cache": str(tmp_path / "r.sqlite")})

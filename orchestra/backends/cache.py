@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import random
 import sqlite3
 import threading
 import time
@@ -34,6 +35,7 @@ from typing import Any
 
 from orchestra.backends.base import Backend, Completion, Failure, GenerationRequest, Usage, generate_settled
 
+_BUSY_TIMEOUT_S = 30.0  # how long a connection waits for another's lock
 SCHEMA_VERSION = 1  # bump when the key recipe or the stored completion format changes
 
 _SCHEMA = """
@@ -101,10 +103,30 @@ class ResponseCache:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        conn = self._conn()
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(_SCHEMA)
-        conn.commit()
+        self._setup(self._conn())
+
+    @staticmethod
+    def _setup(conn: sqlite3.Connection, wait_s: float = _BUSY_TIMEOUT_S) -> None:
+        """WAL mode and the table, retried while another process does the same to a fresh file.
+
+        Two connections that both escalate their lock to switch a new file to WAL deadlock; SQLite answers one of
+        them "database is locked" at once instead of calling its busy handler (https://www.sqlite.org/c3ref/busy_handler.html),
+        so the connect timeout alone does not cover it: that one rolls back and tries again until ``wait_s``.
+        """
+        deadline = time.monotonic() + wait_s
+        rng = random.Random()
+        while True:
+            try:
+                if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                    conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(_SCHEMA)
+                conn.commit()
+                return
+            except sqlite3.OperationalError as e:
+                if ("locked" not in str(e) and "busy" not in str(e)) or time.monotonic() > deadline:
+                    raise
+                conn.rollback()
+                time.sleep(rng.uniform(0.01, 0.1))
 
     def __repr__(self) -> str:
         return f"ResponseCache({str(self.path)!r})"
@@ -113,7 +135,7 @@ class ResponseCache:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             # timeout: wait for a concurrent writer's lock instead of failing ("database is locked").
-            conn = sqlite3.connect(self.path, timeout=30.0, check_same_thread=False)
+            conn = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S, check_same_thread=False)
             conn.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across app crashes
             self._local.conn = conn
             with self._lock:
