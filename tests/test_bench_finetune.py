@@ -202,6 +202,33 @@ def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path
     assert "(every seed favours teamtr), p over seeds" in reading and min(map(float, seeds["per_seed"].split())) > 0
 
 
+def test_freshness_control_reads_teamtr_against_stale_indep(tmp_path: Path) -> None:
+    """stale_indep (per-worker stale batches) gains at 12 updates, teamtr does not: the reading names the freshness
+    control at equal updates with the sign of teamtr − stale_indep and each seed's; at equal stages (both alike) it
+    says no difference survives. Without stale_indep in the run there is no such sentence."""
+    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive", "stale_indep"), eval_tasks=200)
+    rng = np.random.default_rng(3)
+    frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
+    better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
+    tables = analyse(
+        cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy(),
+                         "stale_indep": {6: frozen.copy(), 12: better}}), tmp_path
+    )  # fmt: skip
+    row = next(r for r in tables["pairwise"] if r["accounting"] == "equal_updates" and r["measure"] == "success"
+               and (r["scheme"], r["vs"]) == ("teamtr", "stale_indep"))  # fmt: skip
+    assert row["hi"] < 0 and row["p_holm"] < 0.05
+    reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
+    at_updates = next(line for line in reading.splitlines() if line.startswith("- Freshness control at equal updates"))
+    assert "teamtr − stale_indep" in at_updates and f": {100 * row['diff']:+.1f} points" in at_updates
+    assert "fresh sampling does worse than the stale batches" in at_updates
+    assert "(every seed favours stale_indep)" in at_updates
+    at_stages = next(line for line in reading.splitlines() if line.startswith("- Freshness control at equal stages"))
+    assert ": +0.0 points" in at_stages and "no difference survives Holm" in at_stages
+    two = replace(cfg, schemes=("teamtr", "naive"))
+    tables = analyse(two, _rows(two, {"frozen": frozen, "teamtr": frozen.copy(), "naive": better}), tmp_path)
+    assert "Freshness control" not in "\n".join(summary_sections(two, tables, 0.0)["reading"])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # the smoke run (the tiny random model: its numbers mean nothing; every path of the full run is taken)
 

@@ -224,6 +224,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
             + (f"{kept} when the updates are equal" if r["p_holm"] < 0.05 else "was not significant to begin with")
             + f" (over tasks). Over seeds, at equal updates: {_seed_text(same)}."
         )
+    lines += _freshness_control(cfg, tables)
     lines += [
         "- The task-level intervals hold the trained adapters fixed; with "
         f"{cfg.seeds} seeds, the seed-level p values are the evidence about the training procedure, and they are "
@@ -231,6 +232,43 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         "the schemes compare elsewhere.",
         "",
     ]
+    return lines
+
+
+def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The ``stale_indep`` control against teamtr, where both ran: the same episodes and updates per worker, each
+    worker learning from a batch of its own, differing only in who sampled it (teamtr: the team with the previous
+    workers' updates of this stage; stale_indep: the stage-start team). Read at equal stages and at equal updates,
+    where the two have sampled alike."""
+    lines: list[str] = []
+    for accounting in ("equal_stages", "equal_updates"):
+        row = next(
+            (r for r in tables["pairwise"] if r["accounting"] == accounting and r["measure"] == "success"
+             and {r["scheme"], r["vs"]} == {"teamtr", "stale_indep"}),
+            None,
+        )  # fmt: skip
+        if row is None:
+            continue
+        first = "teamtr" if row["scheme"] == "teamtr" else "stale_indep"
+        sign = 1.0 if first == "teamtr" else -1.0  # teamtr − stale_indep, whatever order the table holds
+        d, lo, hi = sign * row["diff"], min(sign * row["lo"], sign * row["hi"]), max(sign * row["lo"], sign * row["hi"])
+        if not row["p_holm"] < 0.05:  # nan (no difference at all) included
+            reading = "no difference survives Holm over tasks"
+        elif d < 0:
+            reading = (
+                "fresh sampling does worse than the stale batches over tasks: the per-worker episodes alone do not "
+                "explain a teamtr deficit"
+            )
+        else:
+            reading = "fresh sampling does better than the stale batches over tasks"
+        seeds = _seed_text({**row, "per_seed": " ".join(f"{sign * float(v):g}" for v in str(row["per_seed"]).split()),
+                            "scheme": "teamtr", "vs": "stale_indep"})  # fmt: skip
+        lines.append(
+            f"- Freshness control at {_acc_text(cfg, accounting)}, teamtr − stale_indep (the same episodes and "
+            "updates per worker, each worker with a batch of its own; only the sampler differs: the team as updated "
+            f"by the stage's previous workers, or the stage-start team): {_pct(d)} points [{_pct(lo)}, {_pct(hi)}], "
+            f"Holm p {_pval(row['p_holm'])}; {reading}. Over seeds: {seeds}."
+        )
     return lines
 
 
