@@ -218,12 +218,13 @@ def test_freshness_control_reads_teamtr_against_stale_indep(tmp_path: Path) -> N
                and (r["scheme"], r["vs"]) == ("teamtr", "stale_indep"))  # fmt: skip
     assert row["hi"] < 0 and row["p_holm"] < 0.05
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
-    at_updates = next(line for line in reading.splitlines() if line.startswith("- Freshness control at equal updates"))
+    at_updates = next(line for line in reading.splitlines() if line.startswith("- Freshness control after 12 stages"))
     assert "teamtr − stale_indep" in at_updates and f": {100 * row['diff']:+.1f} points" in at_updates
     assert "fresh sampling does worse than the stale batches" in at_updates
     assert "(every seed favours stale_indep)" in at_updates
-    at_stages = next(line for line in reading.splitlines() if line.startswith("- Freshness control at equal stages"))
+    at_stages = next(line for line in reading.splitlines() if line.startswith("- Freshness control after 6 stages"))
     assert ": +0.0 points" in at_stages and "no difference survives Holm" in at_stages
+    assert "Control, teamtr − stale_indep" not in reading  # the equal-updates control is for one-batch schemes
     two = replace(cfg, schemes=("teamtr", "naive"))
     tables = analyse(two, _rows(two, {"frozen": frozen, "teamtr": frozen.copy(), "naive": better}), tmp_path)
     assert "Freshness control" not in "\n".join(summary_sections(two, tables, 0.0)["reading"])

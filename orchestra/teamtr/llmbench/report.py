@@ -12,7 +12,7 @@ import numpy as np
 
 from orchestra.teamtr.bench.report import _cell, _pval
 from orchestra.teamtr.llmbench.analysis import ACCOUNTINGS, acceptance
-from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
+from orchestra.teamtr.llmbench.config import FROZEN, FULL_VOLUME, FinetuneBenchConfig
 
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",
@@ -207,6 +207,8 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
     for r in tables["pairwise"]:  # the control: does an equal-episodes gap survive equal updates?
         if r["accounting"] != "equal_episodes" or r["measure"] != "success" or "teamtr" not in (r["scheme"], r["vs"]):
             continue
+        if {r["scheme"], r["vs"]} <= FULL_VOLUME:  # sampled alike at every stage: read by the freshness control
+            continue
         same = next(
             (c for c in tables["pairwise"] if c["accounting"] == "equal_updates" and c["measure"] == "success"
              and (c["scheme"], c["vs"]) == (r["scheme"], r["vs"])),
@@ -241,7 +243,7 @@ def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str
     workers' updates of this stage; stale_indep: the stage-start team). Read at equal stages and at equal updates,
     where the two have sampled alike."""
     lines: list[str] = []
-    for accounting in ("equal_stages", "equal_updates"):
+    for accounting, stage in (("equal_stages", cfg.num_stages), ("equal_updates", cfg.long_stages)):
         row = next(
             (r for r in tables["pairwise"] if r["accounting"] == accounting and r["measure"] == "success"
              and {r["scheme"], r["vs"]} == {"teamtr", "stale_indep"}),
@@ -264,9 +266,9 @@ def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str
         seeds = _seed_text({**row, "per_seed": " ".join(f"{sign * float(v):g}" for v in str(row["per_seed"]).split()),
                             "scheme": "teamtr", "vs": "stale_indep"})  # fmt: skip
         lines.append(
-            f"- Freshness control at {_acc_text(cfg, accounting)}, teamtr − stale_indep (the same episodes and "
-            "updates per worker, each worker with a batch of its own; only the sampler differs: the team as updated "
-            f"by the stage's previous workers, or the stage-start team): {_pct(d)} points [{_pct(lo)}, {_pct(hi)}], "
+            f"- Freshness control after {stage} stages, teamtr − stale_indep (the same episodes and updates per "
+            "worker, each worker with a batch of its own; only the sampler differs: the team as updated by the "
+            f"stage's previous workers, or the stage-start team): {_pct(d)} points [{_pct(lo)}, {_pct(hi)}], "
             f"Holm p {_pval(row['p_holm'])}; {reading}. Over seeds: {seeds}."
         )
     return lines
