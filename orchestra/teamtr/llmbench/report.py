@@ -251,8 +251,7 @@ def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str
         )  # fmt: skip
         if row is None:
             continue
-        first = "teamtr" if row["scheme"] == "teamtr" else "stale_indep"
-        sign = 1.0 if first == "teamtr" else -1.0  # teamtr − stale_indep, whatever order the table holds
+        sign = 1.0 if row["scheme"] == "teamtr" else -1.0  # teamtr − stale_indep, whatever order the table holds
         d, lo, hi = sign * row["diff"], min(sign * row["lo"], sign * row["hi"]), max(sign * row["lo"], sign * row["hi"])
         if not row["p_holm"] < 0.05:  # nan (no difference at all) included
             reading = "no difference survives Holm over tasks"
