@@ -4,31 +4,30 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.orchestra-installed
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install llama-rebuild demo test test-fast lint bench clean doctor
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# llama-cpp-python compiles llama.cpp for the CPU it is built on (-march=native: AVX-512, VNNI where present).
-# pip's wheel cache does not know that, so a machine moved to another host, or a cache shared across hosts, can
-# reuse a wheel built for another CPU, which crashes in the first llama_decode. We build the wheel once per CPU
-# (the key is the kernel's flag line) into a folder of our own and install it from there. Its version comes
-# from pyproject.toml, where it is pinned.
-LLAMA_VERSION := $(shell grep -o 'llama-cpp-python[^"]*==[0-9.]*' pyproject.toml | sed 's/.*==//')
-CPU_KEY := $(shell (uname -m; grep -m1 -E '^(flags|Features)' /proc/cpuinfo 2>/dev/null) | cksum | cut -d' ' -f1)
-LLAMA_WHEELS := $(HOME)/.cache/orchestra/llama-cpp-python/$(CPU_KEY)
-LLAMA_WHEEL = $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_VERSION)-*.whl
+# llama-cpp-python compiles llama.cpp from source. Left to itself it builds with -march=native, which on an Intel CPU
+# that reports AMX compiles ggml's AMX kernels: they crash at the first decode on some such machines. We build it with
+# the instruction sets named one by one from the CPU's flags and AMX always off, once per build key (version, Python,
+# architecture, the CMake options) into ~/.cache/orchestra/llama-cpp-python/<key>/, and install it from there:
+# orchestra/backends/llamacpp_build.py (stdlib only; -P keeps its folder off sys.path). Its version is pyproject.toml's pin.
+LLAMA_BUILD := $(BIN)/python -P orchestra/backends/llamacpp_build.py
 
 # torch first and pinned: the CPU build is taken from local disk (an unpinned torch pulls CUDA).
-# llama-cpp-python compiles from source the first time on a CPU (~5-10 min on 2 cores).
-$(STAMP): pyproject.toml | $(BIN)/python
+# llama-cpp-python compiles from source the first time on a build key (~5-10 min on 2 cores).
+$(STAMP): pyproject.toml orchestra/backends/llamacpp_build.py | $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
-	ls $(LLAMA_WHEEL) > /dev/null 2>&1 || $(BIN)/pip wheel -q --no-cache-dir --no-deps -w $(LLAMA_WHEELS) \
-		llama-cpp-python==$(LLAMA_VERSION)
-	$(BIN)/pip install -q --no-cache-dir --no-deps $(LLAMA_WHEEL)
+	$(LLAMA_BUILD) install --pip $(BIN)/pip
 	$(BIN)/pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# compile llama-cpp-python again for this CPU and reinstall it (what the crash probe's message tells you to run)
+llama-rebuild: | $(BIN)/python
+	$(LLAMA_BUILD) install --pip $(BIN)/pip --rebuild
 
 install: $(STAMP)
 
@@ -48,6 +47,9 @@ lint: install
 	$(BIN)/ruff format --check orchestra envs policies trajectories tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache
+
+doctor: install
+	$(BIN)/orchestra doctor
 
 bench: install
 	$(BIN)/python benchmarks/record.py

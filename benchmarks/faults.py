@@ -58,7 +58,11 @@ def _free_port() -> int:
 
 
 def start_llama_server(n_ctx: int = 2048, timeout_s: float = 180.0) -> tuple[subprocess.Popen[bytes], str]:
-    """A real ``llama_cpp.server`` on the embedded SmolLM2, answering on a free port."""
+    """A real ``llama_cpp.server`` on the embedded SmolLM2, answering on a free port (not started where llama.cpp's
+    crash probe fails: its message is raised instead)."""
+    from orchestra.backends.llamacpp_probe import require
+
+    require(smollm2_gguf_path())
     port = _free_port()
     cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_gguf_path()), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--n_ctx", str(n_ctx), "--verbose", "False"]

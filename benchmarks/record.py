@@ -25,6 +25,7 @@ Speed is never asserted in tests; this script is where it is measured. Importabl
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -134,20 +135,20 @@ def gemm_gflops(n: int = 1024) -> float:
     return best
 
 
-def _agreement(serial: dict[str, Any], batched: dict[str, Any]) -> tuple[float, float, int]:
+def _turn_ids(episode: Any) -> list[list[int]]:
+    """The completion token ids of an episode's LLM turns."""
+    return [list(s.message.token_ids) for s in episode.steps if s.message is not None and s.message.completion_tokens]
+
+
+def agreement(a: dict[str, list[list[int]]], b: dict[str, list[list[int]]]) -> tuple[float, float, int]:
+    """Share of episodes, and of LLM turns, whose token ids are identical in ``b`` and ``a`` (by episode id); turns."""
     same_ep = same_turn = turns = 0
-    for eid, e in serial.items():
-        other = batched.get(eid)
-        ids_a = [s.message.token_ids for s in e.steps if s.message is not None and s.message.completion_tokens]
-        ids_b = (
-            [s.message.token_ids for s in other.steps if s.message is not None and s.message.completion_tokens]
-            if other
-            else []
-        )
+    for eid, ids_a in a.items():
+        ids_b = b.get(eid, [])
         same_ep += int(ids_a == ids_b)
         turns += len(ids_a)
         same_turn += sum(int(x == y) for x, y in zip(ids_a, ids_b, strict=False))
-    return same_ep / max(len(serial), 1), same_turn / max(turns, 1), turns
+    return same_ep / max(len(a), 1), same_turn / max(turns, 1), turns
 
 
 def run(
@@ -203,7 +204,10 @@ def run(
             f"{int(st['prefilled']):9d} {int(st['reused']):7d} {prefill_rate:13.1f} {decode_rate:12.1f}"
         )
     speedup = m["batched/episodes_per_s"] / m["serial/episodes_per_s"]
-    ep_agree, turn_agree, turns = _agreement(results["serial"]["episodes"], results["batched"]["episodes"])
+    ids = {name: {eid: _turn_ids(e) for eid, e in r["episodes"].items()} for name, r in results.items()}
+    ep_agree, turn_agree, turns = agreement(ids["serial"], ids["batched"])
+    for name in ("serial", "batched"):  # what each path generated, for comparing builds (benchmarks/llama_build.py)
+        m[f"{name}/token_ids"] = dict(sorted(ids[name].items()))
     m.update(speedup=speedup, agreement_episodes=ep_agree, agreement_turns=turn_agree, ceiling_tok_s=ceiling,
              gemm_gflops=gflops)  # fmt: skip
     print(f"\nspeedup {speedup:.1f}× in episodes/s (batched over serial, the same {episodes} episodes)")
@@ -231,8 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=8, help="batched path: sequences decoded at once")
     ap.add_argument("--prefix-cache", type=int, default=8, help="batched path: prompts whose KV is kept for reuse")
     ap.add_argument("--seed", type=int, default=0, help="run seed of both recordings")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures (and each path's token ids) here")
     a = ap.parse_args(argv)
-    run(a.team, a.conductor, a.episodes, a.num_envs, a.batch_size, a.prefix_cache, a.seed)
+    m = run(a.team, a.conductor, a.episodes, a.num_envs, a.batch_size, a.prefix_cache, a.seed)
+    if a.json is not None:
+        a.json.write_text(json.dumps(m, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

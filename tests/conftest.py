@@ -7,6 +7,27 @@ from pathlib import Path
 
 import pytest
 
+from orchestra.backends import llamacpp_probe
+from orchestra.backends.llamacpp_probe import ProbeResult
+from orchestra.backends.models import smollm2_gguf_path
+
+# The llama.cpp crash probe (orchestra/backends/llamacpp_probe.py), run once before any test: a child process loads the
+# embedded SmolLM2 and decodes a few tokens. If it dies, tests/test_llamacpp_build.py's probe check fails with its one
+# line, and every llama.cpp test fails at once with the same line, instead of a segfault ending the whole run: the
+# backend's first load of a model asks the probe (its verdict is kept in this process), and so do the tests that start
+# a llama_cpp.server.
+PROBE_KEY = pytest.StashKey[ProbeResult | None]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[PROBE_KEY] = llamacpp_probe.check(smollm2_gguf_path(), force=True)
+
+
+@pytest.fixture(scope="session")
+def llamacpp_probe_result(request: pytest.FixtureRequest) -> ProbeResult | None:
+    """The session's probe result (None when ORCHESTRA_LLAMACPP_PROBE=off)."""
+    return request.config.stash.get(PROBE_KEY, None)
+
 
 @pytest.fixture(scope="module")
 def one_thread() -> Iterator[None]:

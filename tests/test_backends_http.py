@@ -19,7 +19,14 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestra.backends import BackendError, ChatMessage, GenerationParams, GenerationRequest, smollm2_gguf_path
+from orchestra.backends import (
+    BackendError,
+    ChatMessage,
+    GenerationParams,
+    GenerationRequest,
+    llamacpp_probe,
+    smollm2_gguf_path,
+)
 from orchestra.backends.http import OpenAIHTTPBackend
 
 
@@ -36,7 +43,9 @@ def free_port() -> int:
 # ------------------------------------------------------------------------------ a real llama.cpp server
 @contextlib.contextmanager
 def serving(args: list[str], port: int) -> Iterator[str]:
-    """``python -m llama_cpp.server ARGS`` on ``port`` until it answers /v1/models; its URL; stopped on the way out."""
+    """``python -m llama_cpp.server ARGS`` on ``port`` until it answers /v1/models; its URL; stopped on the way out.
+    Not started where the crash probe failed: the test fails with its message."""
+    llamacpp_probe.require(smollm2_gguf_path())
     proc = subprocess.Popen(
         [sys.executable, "-m", "llama_cpp.server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from orchestra.backends.base import BackendError, ChatMessage, Completion, GenerationRequest, Usage
+from orchestra.backends.llamacpp_probe import require as require_probe
 from orchestra.backends.llamacpp_streams import Job, Stats, Streams
 from orchestra.backends.models import resolve_model
 
@@ -158,10 +159,13 @@ def _close_shared() -> None:
 
 
 def load_shared(path: Path, n_threads: int) -> _LoadedModel:
-    """Load a GGUF once per process per (path, n_threads); later calls reuse it."""
+    """Load a GGUF once per process per (path, n_threads); later calls reuse it. The first load of a model with this
+    library on this CPU is preceded by a decode in a child process (:mod:`orchestra.backends.llamacpp_probe`), so a
+    build that crashes here raises one clear BackendError instead of killing the process."""
     key = (str(path), n_threads)
     with _SHARED_LOCK:
         if key not in _SHARED:
+            require_probe(path)
             _SHARED[key] = _LoadedModel(path, n_threads)
         return _SHARED[key]
 

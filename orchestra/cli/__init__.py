@@ -7,7 +7,8 @@ the dataclass — and a handler that hands the resolved config to a job in :mod:
 * :mod:`~orchestra.cli.data` — record, evaluate, trajectories, teams, families;
 * :mod:`~orchestra.cli.demo` — demo;
 * :mod:`~orchestra.cli.conductor` — dataset, train, ope, finetune-conductor, distill, reproduce (phase 1);
-* :mod:`~orchestra.cli.teamtr` — bench, finetune, align (phase 2).
+* :mod:`~orchestra.cli.teamtr` — bench, finetune, align (phase 2);
+* :mod:`~orchestra.cli.doctor` — doctor (this machine and install, for a bug report).
 
 A command's options are added only when that command runs (or for ``--help`` of it), so ``orchestra --help`` and
 the commands that need no model stack do not import torch, transformers or d3rlpy.
@@ -21,10 +22,10 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from orchestra.cli import conductor, data, demo, teamtr
+from orchestra.cli import conductor, data, demo, doctor, teamtr
 from orchestra.cli.options import Command, ConfigError
 
-EPILOG = "Every command takes --seed; runs repeat exactly on CPU. Docs: README.md."
+EPILOG = "Every command that samples, trains or evaluates takes --seed; runs repeat exactly on CPU. Docs: README.md."
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,7 +38,14 @@ class Parser(argparse.ArgumentParser):
 
 def commands() -> dict[str, Command]:
     """Every command, in the order ``orchestra --help`` lists them."""
-    return {**data.COMMANDS, **demo.COMMANDS, **teamtr.BENCH, **conductor.COMMANDS, **teamtr.COMMANDS}
+    return {
+        **data.COMMANDS,
+        **demo.COMMANDS,
+        **teamtr.BENCH,
+        **conductor.COMMANDS,
+        **teamtr.COMMANDS,
+        **doctor.COMMANDS,
+    }
 
 
 def build_parser(only: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Command]]:
