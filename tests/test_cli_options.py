@@ -112,6 +112,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
     from orchestra.jobs.conductor import DatasetBuildConfig, DistillJob, OPEConfig, TrainConfig
     from orchestra.jobs.conductor_ppo import ConductorPPOConfig
     from orchestra.jobs.demo import DemoConfig
+    from orchestra.jobs.doctor import DoctorConfig
     from orchestra.jobs.evaluate import EvaluateConfig
     from orchestra.jobs.finetune import FinetuneConfig
     from orchestra.jobs.inspect import ExportConfig
@@ -136,6 +137,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("finetune",): FinetuneConfig(),
         ("align", "chain"): AlignChainConfig(),
         ("align", "llm"): AlignLLMConfig(),
+        ("doctor",): DoctorConfig(),
     }
 
 
@@ -153,7 +155,7 @@ def test_the_same_commands_as_before() -> None:
     ap, handlers = build_parser()
     assert list(handlers) == [
         "record", "evaluate", "trajectories", "cache", "report", "teams", "families", "demo", "bench", "dataset", "train", "ope",
-        "finetune-conductor", "distill", "reproduce", "finetune", "align",
+        "finetune-conductor", "distill", "reproduce", "finetune", "align", "doctor",
     ]  # fmt: skip
     assert set(_leaves(ap)) >= set(_roots())
 

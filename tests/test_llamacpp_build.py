@@ -220,3 +220,20 @@ def test_the_suite_survives_a_crashing_probe() -> None:
         lines = [ln for ln in out.splitlines() if test.split("::")[1] in ln and ln.startswith(("FAILED", "ERROR"))]
         assert lines and "crashed (SIGSEGV) in a test decode" in lines[0], out
     assert "Fatal Python error" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_command_stops_with_the_line_before_llamacpp_loads(tmp_path: Path) -> None:
+    """`orchestra record` on a machine where the probe's child dies: exit 2 with one `error:` line, no traceback,
+    nothing recorded, the process alive to say so."""
+    out = tmp_path / "rec" / "x.jsonl"
+    cmd = [sys.executable, "-m", "orchestra", "record", "--team", "arithmetic", "--conductor", "round_robin"]
+    cmd += ["--episodes", "1", "--out", str(out), "--quiet", "--no-cache"]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env={**os.environ, SIMULATE_ENV: "segfault"}, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: llama.cpp crashed (SIGSEGV) in a test decode"), proc.stderr
+    assert lines[0].endswith(rebuild_command()) and "Traceback" not in proc.stderr
+    assert not out.exists()
