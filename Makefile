@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.orchestra-installed
 
-.PHONY: install llama-rebuild demo test test-fast lint bench clean doctor
+.PHONY: install llama-rebuild demo test test-fast lint bench clean doctor cli-docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/orchestra demo --out runs/demo
+
+# docs/cli.md from the parser behind every --help (tests/test_api.py fails when it is stale)
+cli-docs: install
+	$(BIN)/python -m orchestra.cli.reference docs/cli.md
 
 # the import contracts (pyproject.toml [tool.importlinter]) first: a layering breach fails in a second
 test: install

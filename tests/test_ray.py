@@ -114,9 +114,10 @@ def test_evaluate_on_ray_reuses_one_pool_and_matches(tmp_path: Path, local_clust
     team = str(short_team(tmp_path))
     run = RunOptions(seed=0, num_envs=2, use_cache=False, progress=False, serial=True)
     cfg = EvaluateConfig(teams=(team,), conductors=("round_robin", "pipeline"), episodes=3, run=run)
-    rows_here, _, _ = evaluate(cfg, tmp_path / "here")
+    rows_here = evaluate(cfg, tmp_path / "here").rows
     cfg_ray = EvaluateConfig(**{**cfg.__dict__, "run": RunOptions(**{**run.__dict__, "ray": True})})
-    rows_ray, paths, _ = evaluate(cfg_ray, tmp_path / "ray")
+    ev_ray = evaluate(cfg_ray, tmp_path / "ray")
+    rows_ray, paths = ev_ray.rows, ev_ray.paths
     assert [(r.conductor, r.success_rate, r.mean_tokens) for r in rows_here] == [
         (r.conductor, r.success_rate, r.mean_tokens) for r in rows_ray
     ]

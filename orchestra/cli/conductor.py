@@ -175,25 +175,26 @@ def _cmd_dataset(a: argparse.Namespace) -> int:
         folder = to_minari(ds, dataset_id, root)
         print(f"Minari dataset {dataset_id!r}: {len(ds.episodes)} episodes, {len(ds)} steps → {folder}")
         return 0
-    from orchestra.jobs.conductor import DatasetBuildConfig, build_dataset_job
+    from orchestra.jobs.conductor import DatasetBuildConfig, build_dataset
 
-    _, summary, out = build_dataset_job(build(DatasetBuildConfig, a))
-    print(format_dataset_summary(summary))
-    print(f"\ndataset: {out}")
+    built = build_dataset(build(DatasetBuildConfig, a))
+    print(format_dataset_summary(built.summary))
+    print(f"\ndataset: {built.path}")
     return 0
 
 
 def _cmd_train(a: argparse.Namespace) -> int:
-    from orchestra.jobs.conductor import TrainConfig, train_job
+    from orchestra.jobs.conductor import TrainConfig, train_conductor
 
     cfg = build(TrainConfig, a)
-    ds, res = train_job(cfg, progress=not a.quiet)
+    trained = train_conductor(cfg, progress=not a.quiet)
+    ds, res = trained.dataset, trained.result
     last = res.metrics[-1] if res.metrics else {}
     algo = cfg.offline.algo
     print(
         f"trained {algo} on {len(ds.episodes)} episodes ({len(ds)} decisions), {cfg.offline.n_steps} steps; "
         f"agreement with the logged actions {last.get('perf/agreement', float('nan')):.3f}\n"
-        f"checkpoint: {res.run_dir}  (use it as --conductor {algo}:{res.run_dir})"
+        f"checkpoint: {res.run_dir}  (use it as --conductor {trained.spec})"
     )
     return 0
 

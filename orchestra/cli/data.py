@@ -155,7 +155,8 @@ def _cmd_evaluate(a: argparse.Namespace) -> int:
     from orchestra.jobs.evaluate import EvaluateConfig, evaluate
     from orchestra.report.evaluation import format_table
 
-    rows, paths, replies = evaluate(build(EvaluateConfig, a), a.out)
+    ev = evaluate(build(EvaluateConfig, a), a.out)
+    rows, paths, replies = ev.rows, ev.paths, ev.replies
     print(format_table(rows))
     if "robustness_md" in paths:
         print("\n" + paths["robustness_md"].read_text(encoding="utf-8").split("\n\n", 2)[-1].rstrip())

@@ -205,7 +205,7 @@ def _engine_options(prefix: str) -> list[Opt]:
 
 
 def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.finetune import GPU_CONFIG, FinetuneConfig
+    from orchestra.jobs.finetune import GPU_CONFIG_NAME, FinetuneConfig
 
     p.description, p.formatter_class = FINETUNE_DESCRIPTION, argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("run")
@@ -216,7 +216,7 @@ def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
         action="store_true",
         help="also write the metrics as TensorBoard event files (OUT/tensorboard/)",
     )
-    g.add_argument("--config", default=None, help=f"YAML/JSON {{trainer: …, team: …}} (GPU preset: {GPU_CONFIG})")
+    g.add_argument("--config", default=None, help=f"YAML/JSON {{trainer: …, team: …}} (GPU preset: {GPU_CONFIG_NAME})")
     root = FinetuneConfig()
     add_options(
         g, root, [Opt("trainer.seed", "--seed", also=("team.seed",), help="seed of rollouts, orders, LoRA init")]

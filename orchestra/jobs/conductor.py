@@ -57,9 +57,19 @@ class DatasetBuildConfig:
     seed: int = 0  # accepted like every command's; building a dataset draws no random numbers
 
 
-def build_dataset_job(cfg: DatasetBuildConfig) -> tuple[ConductorDataset, dict[str, Any], Path]:
-    """(dataset, its summary, the .npz written)."""
-    from policies.dataset import build_dataset
+@dataclass(frozen=True)
+class BuiltDataset:
+    """What :func:`build_dataset` made: the dataset, its summary (episodes, decisions, actions, returns) and the
+    ``.npz`` written (its ``.summary.json`` beside it)."""
+
+    dataset: ConductorDataset
+    summary: dict[str, Any]
+    path: Path
+
+
+def build_dataset(cfg: DatasetBuildConfig) -> BuiltDataset:
+    """Trajectory files → an offline dataset of conductor decisions, written to ``cfg.out``."""
+    from policies.dataset import build_dataset as encode_episodes
 
     weights = parse_weights(cfg.weights)
     team, enc = team_encoder(cfg.team)
@@ -67,11 +77,11 @@ def build_dataset_job(cfg: DatasetBuildConfig) -> tuple[ConductorDataset, dict[s
     for item in cfg.inputs:
         p = Path(item)
         paths.extend(sorted(p.glob("*.jsonl")) if p.is_dir() else [p])
-    ds = build_dataset(paths, team.env, enc, weights=weights, filters=cfg.filters)
+    ds = encode_episodes(paths, team.env, enc, weights=weights, filters=cfg.filters)
     out = ds.save(cfg.out)
     summary = ds.summary()
     out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
-    return ds, summary, out
+    return BuiltDataset(ds, summary, out)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -92,16 +102,31 @@ class TrainConfig:
     tensorboard: bool = False  # also write the metrics as TensorBoard event files (OUT/tensorboard/metrics/)
 
 
-def train_job(cfg: TrainConfig, progress: bool = True) -> tuple[ConductorDataset, TrainResult]:
+@dataclass(frozen=True)
+class TrainedConductor:
+    """What :func:`train_conductor` made: the dataset it learned from and d3rlpy's result (the conductor, its
+    checkpoint folder, one metrics row per epoch)."""
+
+    dataset: ConductorDataset
+    result: TrainResult
+    algo: str
+
+    @property
+    def spec(self) -> str:
+        """The conductor as ``record``/``evaluate`` name it: ``ALGO:CHECKPOINT``."""
+        return f"{self.algo}:{self.result.run_dir}"
+
+
+def train_conductor(cfg: TrainConfig, progress: bool = True) -> TrainedConductor:
+    """An offline conductor trained on ``cfg.dataset`` into ``cfg.out`` (``cfg.resume`` continues a killed run)."""
     from policies.offline import train_offline
 
     ds = ConductorDataset.load(cfg.dataset)
     if cfg.team:
         team, enc = team_encoder(cfg.team)
         ds.check_layout(team.env, enc, where=cfg.dataset)
-    return ds, train_offline(
-        ds, cfg.offline, cfg.out, progress=progress, resume=cfg.resume, tensorboard=cfg.tensorboard
-    )
+    res = train_offline(ds, cfg.offline, cfg.out, progress=progress, resume=cfg.resume, tensorboard=cfg.tensorboard)
+    return TrainedConductor(ds, res, cfg.offline.algo)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -198,10 +223,12 @@ __all__ = [
     "DistillJob",
     "OPEConfig",
     "TrainConfig",
-    "build_dataset_job",
+    "BuiltDataset",
+    "build_dataset",
     "distill_job",
     "ope_job",
     "parse_weights",
     "team_encoder",
-    "train_job",
+    "TrainedConductor",
+    "train_conductor",
 ]

@@ -35,12 +35,19 @@ class EvaluateConfig:
     run: RunOptions = RunOptions()  # seed, envs, cache, progress
 
 
-def evaluate(
-    cfg: EvaluateConfig, out_dir: str | Path
-) -> tuple[list[ResultRow], dict[str, Path], dict[str, dict[str, float]]]:
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` wrote and found."""
+
+    rows: list[ResultRow]  # one per (family, team, conductor): success rate with its interval, return, turns, tokens
+    paths: dict[str, Path]  # the report's files by kind (results_md, results_csv, success_png, ...)
+    # per ``team/conductor`` that is an LLM, its reply counts for the episodes played in this call
+    replies: dict[str, dict[str, float]]
+
+
+def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> Evaluation:
     """Run every conductor on the same held-out tasks of every team's family; write the report. An existing run
-    directory is continued: its recorded episodes are reused. Also returns, per ``team/conductor`` that is an LLM,
-    its reply counts for the episodes played in this call (``conductor_replies.json``)."""
+    directory is continued: its recorded episodes are reused."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     all_eps: list[Episode] = []
@@ -79,7 +86,7 @@ def evaluate(
     if replies:
         paths["replies_json"] = out / "conductor_replies.json"
         paths["replies_json"].write_text(json.dumps(replies, indent=2), encoding="utf-8")
-    return rows, paths, replies
+    return Evaluation(rows, paths, replies)
 
 
-__all__ = ["EvaluateConfig", "evaluate"]
+__all__ = ["EvaluateConfig", "Evaluation", "evaluate"]

@@ -31,6 +31,9 @@ from orchestra.teamtr.config import LLM_CPU_TRAINER, TeamTRConfig
 from orchestra.teamtr.llm import LLM_CPU_TEAM, LLMTeamConfig
 
 GPU_CONFIG = Path(__file__).parent.parent / "teamtr" / "configs" / "smollm2_gpu.yaml"
+GPU_CONFIG_NAME = GPU_CONFIG.relative_to(
+    Path(__file__).parents[2]
+).as_posix()  # as help and docs name it: no machine path
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def finetune(
     out: str | Path,
     *,
     resume: bool = False,
-    say: Callable[[str], None],
+    say: Callable[[str], None] = print,
     tensorboard: bool = False,
 ) -> FinetuneResult:
     """Train ``cfg`` into the run directory ``out`` (``resume``: continue its latest checkpoint); ``say`` gets the
@@ -183,6 +186,7 @@ def describe(result: FinetuneResult, out: Path) -> list[str]:
 
 __all__ = [
     "GPU_CONFIG",
+    "GPU_CONFIG_NAME",
     "FinetuneConfig",
     "FinetuneResult",
     "describe",
