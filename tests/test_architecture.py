@@ -75,8 +75,9 @@ def test_no_module_is_past_the_size_guide() -> None:
 
 
 # a citation of a file that lives outside the repository: the design notes beside a checkout, a research note
+# (telephone-chain.md was one: it is cited as docs/telephone-chain.md, or by a link inside docs/, `](telephone-chain.md)`)
 OUTSIDE = re.compile(
-    r"\.\./shared|shared/research|research/[\w-]+\.md|DESIGN(\.md)? ?§|\bspec §|(?<!docs/)telephone-chain\.md"
+    r"\.\./shared|shared/research|research/[\w-]+\.md|DESIGN(\.md)? ?§|\bspec §|(?<!docs/)(?<!\]\()telephone-chain\.md"
 )
 
 

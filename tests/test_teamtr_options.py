@@ -210,11 +210,11 @@ def test_joint_refuses_per_agent_advantages() -> None:
         TeamTRConfig(scheme="joint", credit="loo")
 
 
-# Every option the README names, the config that reaches it, and the config it must differ from after two stages on
+# Every option docs/finetuning.md names, the config that reaches it, and the config it must differ from after two stages on
 # the chain (None: no such check — Dr. MAS equals GRPO there, every agent speaking in every episode; the loss
 # aggregations coincide, every message being one token; backtracking is the default).
 DEFAULTS: dict[str, Any] = {}
-README_OPTIONS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
+DOC_OPTIONS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
     ("backtracking", {"trust_region": "backtrack"}, None),
     ("adaptive penalty", {"trust_region": "penalty"}, DEFAULTS),
     ("proportional", {"trust_region": "penalty", "kl_penalty_rule": "proportional"}, {"trust_region": "penalty"}),
@@ -247,9 +247,9 @@ README_OPTIONS: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
 ]
 
 
-def test_every_option_the_readme_names_is_reached_by_a_config() -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    readme = " ".join(readme.split())
+def test_every_option_the_finetuning_doc_names_is_reached_by_a_config() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "finetuning.md").read_text(encoding="utf-8")
+    doc = " ".join(doc.split())
     small = replace(BASE, num_stages=2, batch_size=24, num_minibatches=1, num_epochs=2)
     runs: dict[str, list[dict[str, torch.Tensor]]] = {}
 
@@ -261,8 +261,8 @@ def test_every_option_the_readme_names_is_reached_by_a_config() -> None:
             runs[key] = _params(team)
         return runs[key]
 
-    for phrase, override, other in README_OPTIONS:
-        assert phrase in readme, phrase
+    for phrase, override, other in DOC_OPTIONS:
+        assert phrase in doc, phrase
         got = run(override)
         if other is not None:
             ref = run(other)

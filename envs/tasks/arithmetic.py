@@ -199,7 +199,7 @@ TEMPLATES: list[Template] = [
 
 
 # levels drawn when no difficulty is asked for: SmolLM2 solves 12-23% of level-1 and level-2 word problems
-# single-shot and none of level 3 (docs/benchmark.md, benchmarks/calibrate.py); level 3 stays available by name
+# single-shot and none of level 3 (docs/protocol.md, benchmarks/calibrate.py); level 3 stays available by name
 MIX = (1, 2)
 # the item's kind is visible in the prompt but kept from tools for uniformity; the rest derives from the solution
 HIDDEN = ("kind", "solution_expression", "steps", "template")

@@ -4,7 +4,7 @@ A *family* generates tasks procedurally from a seed, with difficulty levels and 
 train / validation / test split. Every task carries an exact verifier. A family also ships the deterministic
 *tools* its built-in team uses (calculator, constraint checker, plan validator, test runner): pure Python
 functions of the task's public view (:meth:`Task.public`) and the transcript, wrapped as workers by
-``orchestra.backends.tools``; they check what workers wrote and never solve a task alone (docs/benchmark.md).
+``orchestra.backends.tools``; they check what workers wrote and never solve a task alone (docs/protocol.md).
 """
 
 from __future__ import annotations

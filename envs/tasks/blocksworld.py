@@ -3,7 +3,7 @@
 5–6 blocks (letters), stacks on an unlimited table. A move takes a *clear* block (nothing on it) and
 puts it on the table or on another clear block. Instances are drawn with a given optimal plan length
 (breadth-first search, :func:`bfs_plan`): difficulty 1 = 5–6 blocks, 1 move; 2 = 5–6 blocks, 2 moves;
-3 = 5–6 blocks, 3–4 moves (calibrated to SmolLM2: docs/benchmark.md; with fewer blocks there are too
+3 = 5–6 blocks, 3–4 moves (calibrated to SmolLM2: docs/protocol.md; with fewer blocks there are too
 few distinct instances once renamed copies count as one). Kinds by optimal length: ``"one_move"``,
 ``"short"`` (2–3), ``"long"`` (4+); hidden from tools and conductors. No instance starts at its goal
 (an empty plan would make any text correct).

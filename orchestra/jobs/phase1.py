@@ -1,4 +1,4 @@
-"""Phase 1 end to end, as a benchmark protocol (docs/benchmark.md).
+"""Phase 1 end to end, as an evaluation protocol (docs/protocol.md).
 
 1. **Record** training data on the *train* split: every rule of each team's menu (its team file's
    rules, ``orchestra.runtime.conductors.team_rules``) plus ``random``, and two rules with ε-exploration.
