@@ -1,9 +1,9 @@
-"""The frozen team of ``orchestra bench finetune`` on held-out tasks of one split and difficulty: its success overall
-and per level, as the benchmark's evaluations play it (greedy, the same task and episode seeds).
+"""The frozen team of ``orchestra experiment llm`` on held-out tasks of one split and difficulty: its success overall
+and per level, as the experiment's evaluations play it (greedy, the same task and episode seeds).
 
     python benchmarks/frozen_team.py --split validation --tasks 80 --difficulty mixed [--seed 0]
 
-Used to choose the benchmark's difficulty on validation: the comparison needs a frozen team inside 20-60%. Never
+Used to choose the experiment's difficulty on validation: the comparison needs a frozen team inside 20-60%. Never
 point it at the test split while choosing.
 """
 
@@ -13,10 +13,10 @@ import argparse
 import time
 from dataclasses import replace
 
+from orchestra.experiments.llm.config import LLM_EXPERIMENT_TEAM, LLMExperimentConfig
+from orchestra.experiments.llm.run import evaluate, held_out_tasks
 from orchestra.report.evaluation import wilson_ci
 from orchestra.teamtr.llm import LLMTeam
-from orchestra.teamtr.llmbench.config import LLM_BENCH_TEAM, FinetuneBenchConfig
-from orchestra.teamtr.llmbench.run import evaluate, held_out_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,11 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--split", choices=("validation", "test"), default="validation")
     p.add_argument("--tasks", type=int, default=80, help="held-out tasks (default: %(default)s)")
     p.add_argument("--difficulty", default="1", help="a level of the family, or 'mixed' (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="the benchmark's root seed (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the experiment's root seed (default: %(default)s)")
     a = p.parse_args(argv)
     level = None if a.difficulty == "mixed" else int(a.difficulty)
-    cfg = FinetuneBenchConfig(
-        team=replace(LLM_BENCH_TEAM, difficulty=level), eval_split=a.split, eval_tasks=a.tasks, seed=a.seed
+    cfg = LLMExperimentConfig(
+        team=replace(LLM_EXPERIMENT_TEAM, difficulty=level), eval_split=a.split, eval_tasks=a.tasks, seed=a.seed
     )
     tasks = held_out_tasks(cfg)
     team = LLMTeam(cfg.team_config(0))

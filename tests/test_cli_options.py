@@ -96,7 +96,7 @@ def test_only_the_flags_given_override_the_preset_and_the_layers() -> None:
 def test_a_config_check_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     from orchestra.cli import main
 
-    assert main(["bench", "teamtr", "--seeds", "0", "--out", "/nonexistent/x"]) == 2
+    assert main(["experiment", "chain", "--seeds", "0", "--out", "/nonexistent/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "seeds ≥ 1" in err and "Traceback" not in err
 
@@ -108,12 +108,12 @@ def test_a_config_check_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -
 def _roots() -> dict[tuple[str, ...], Any]:
     """Each command's root config, imported from the jobs (the source of truth the help must show)."""
     from orchestra.jobs.align import AlignChainConfig, AlignLLMConfig
-    from orchestra.jobs.bench import BenchJob, FinetuneBenchJob
     from orchestra.jobs.conductor import DatasetBuildConfig, DistillJob, OPEConfig, TrainConfig
     from orchestra.jobs.conductor_ppo import ConductorPPOConfig
     from orchestra.jobs.demo import DemoConfig
     from orchestra.jobs.doctor import DoctorConfig
     from orchestra.jobs.evaluate import EvaluateConfig
+    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob
     from orchestra.jobs.finetune import FinetuneConfig
     from orchestra.jobs.inspect import ExportConfig
     from orchestra.jobs.phase1 import ReproduceConfig
@@ -126,8 +126,8 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("evaluate",): EvaluateConfig,
         ("trajectories", "export"): ExportConfig,
         ("demo",): DemoConfig(),
-        ("bench", "teamtr"): BenchJob(),
-        ("bench", "finetune"): FinetuneBenchJob(),
+        ("experiment", "chain"): ChainExperimentJob(),
+        ("experiment", "llm"): LLMExperimentJob(),
         ("dataset", "build"): DatasetBuildConfig,
         ("train",): TrainConfig,
         ("ope",): OPEConfig,
@@ -154,7 +154,7 @@ def _leaves(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tupl
 def test_the_same_commands_as_before() -> None:
     ap, handlers = build_parser()
     assert list(handlers) == [
-        "record", "evaluate", "trajectories", "cache", "report", "teams", "families", "demo", "bench", "dataset", "train", "ope",
+        "record", "evaluate", "trajectories", "cache", "report", "teams", "families", "demo", "experiment", "dataset", "train", "ope",
         "finetune-conductor", "distill", "reproduce", "finetune", "align", "doctor",
     ]  # fmt: skip
     assert set(_leaves(ap)) >= set(_roots())

@@ -84,12 +84,12 @@ def test_teamtr_stages_and_updates_in_tensorboard_through_a_resume(tmp_path: Pat
     assert any(k.startswith("kl/") for k in updates) and len(next(iter(updates.values()))) == 3 * 2
 
 
-def test_chain_bench_runs_write_tensorboard(tmp_path: Path) -> None:
-    from orchestra.teamtr.bench.config import BenchConfig, chain_config
-    from orchestra.teamtr.bench.run import run_one
+def test_chain_experiment_runs_write_tensorboard(tmp_path: Path) -> None:
+    from orchestra.experiments.chain.config import ChainExperimentConfig, chain_config
+    from orchestra.experiments.chain.run import run_one
     from orchestra.teamtr.chain import ChainTeam, warm_start
 
-    cfg = BenchConfig.smoke()
+    cfg = ChainExperimentConfig.smoke()
     team = ChainTeam(chain_config(cfg, 2, 0))
     warm_start(team)
     rows, _ = run_one(cfg, team, [team.adapter_state(i) for i in range(2)], 2, "teamtr", 0, tensorboard=tmp_path)

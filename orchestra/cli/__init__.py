@@ -7,7 +7,8 @@ the dataclass — and a handler that hands the resolved config to a job in :mod:
 * :mod:`~orchestra.cli.data` — record, evaluate, trajectories, teams, families;
 * :mod:`~orchestra.cli.demo` — demo;
 * :mod:`~orchestra.cli.conductor` — dataset, train, ope, finetune-conductor, distill, reproduce (phase 1);
-* :mod:`~orchestra.cli.teamtr` — bench, finetune, align (phase 2);
+* :mod:`~orchestra.cli.experiment` — experiment chain, experiment llm (phase 2's scheme comparisons);
+* :mod:`~orchestra.cli.teamtr` — finetune, align (phase 2);
 * :mod:`~orchestra.cli.doctor` — doctor (this machine and install, for a bug report).
 
 A command's options are added only when that command runs (or for ``--help`` of it), so ``orchestra --help`` and
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from orchestra.cli import conductor, data, demo, doctor, teamtr
+from orchestra.cli import conductor, data, demo, doctor, experiment, teamtr
 from orchestra.cli.options import Command, ConfigError
 
 EPILOG = "Every command that samples, trains or evaluates takes --seed; runs repeat exactly on CPU. Docs: README.md."
@@ -41,7 +42,7 @@ def commands() -> dict[str, Command]:
     return {
         **data.COMMANDS,
         **demo.COMMANDS,
-        **teamtr.BENCH,
+        **experiment.EXPERIMENT,
         **conductor.COMMANDS,
         **teamtr.COMMANDS,
         **doctor.COMMANDS,

@@ -19,7 +19,7 @@ def _demo(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("phase1.eval_episodes", "--episodes", help="test tasks per family and conductor"),
             Opt("phase1.validation_episodes", "--validation-episodes", help="validation tasks per family"),
             Opt("phase1.train_episodes", "--train-episodes", help="recorded training episodes per conductor"),
-            Opt("phase1.run.seed", "--seed", also=("bench.seed", "align.seed"), help="seed of both phases"),
+            Opt("phase1.run.seed", "--seed", also=("chain.seed", "align.seed"), help="seed of both phases"),
             Opt("phase1.run.num_envs", "--num-envs"),
             Opt("phase1.run.use_cache", "--no-cache", help="do not use the response cache"),
             Opt("phase1.run.cache_path", "--cache"),

@@ -12,7 +12,7 @@ the root config, and a flag name where it differs from the field's); everything 
 
 The parsed defaults are wrapped (:class:`Unset`), so :func:`given` returns only what was typed on the command line:
 a config file can sit between the dataclass defaults and the flags (``orchestra finetune --config``), and
-:func:`build` applies the flags to any preset (``orchestra bench teamtr --smoke``).
+:func:`build` applies the flags to any preset (``orchestra experiment chain --smoke``).
 
 Why not tyro or simple-parsing: both derive flag names from field paths and own the parser. orchestra's flags are
 short user-facing names that predate this mechanism (``--stages`` for ``trainer.num_stages``, ``--no-cache``,

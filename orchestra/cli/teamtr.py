@@ -1,5 +1,5 @@
-"""``orchestra bench | finetune | align``: phase 2, TeamTR (:mod:`orchestra.jobs.bench`, :mod:`orchestra.jobs.finetune`,
-:mod:`orchestra.jobs.align`)."""
+"""``orchestra finetune | align``: phase 2, TeamTR (:mod:`orchestra.jobs.finetune`, :mod:`orchestra.jobs.align`).
+The experiments that compare its schemes are ``orchestra experiment`` (:mod:`orchestra.cli.experiment`)."""
 
 from __future__ import annotations
 
@@ -14,135 +14,6 @@ from orchestra.cli.options import Command, ConfigError, Opt, add_options, build,
 
 def _say(quiet: bool) -> Callable[[str], None]:
     return (lambda _line: None) if quiet else (lambda line: print(line, flush=True))
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# bench
-
-
-def _bench(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.bench import BenchJob
-
-    bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    q = bsub.add_parser(
-        "teamtr",
-        help="TeamTR vs naive / joint / HAPPO on the telephone chain: final J, regressions, drift exponents α",
-        epilog=epilog,
-    )
-    add_options(
-        q,
-        BenchJob(),
-        [
-            "out",
-            Opt("bench.ns", "--ns"),
-            Opt(
-                "bench.schemes",
-                "--schemes",
-                help="trainer schemes (teamtr naive joint joint_indep happo stale_indep) "
-                "and controls (naive_bigB: naive with n× the batch)",
-            ),  # fmt: skip
-            Opt("bench.seeds", "--seeds"),
-            Opt("bench.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
-            Opt("bench.trainer.batch_size", "--batch-size"),
-            Opt("bench.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
-            Opt("bench.trainer.lr", "--lr"),
-            Opt("bench.warm_pass", "--warm-pass", help=_WARM_PASS),
-            Opt("bench.trainer.advantage", "--advantage"),
-            Opt("bench.trainer.adv_scale", "--no-adv-scale", help="advantages mean-centred only (no division by std)"),
-            Opt("bench.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
-            Opt("bench.seed", "--seed"),
-            Opt("progress", "--quiet", help="no progress output"),
-            "tensorboard",
-        ],
-    )
-    q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
-    from orchestra.jobs.bench import FinetuneBenchJob
-
-    f = bsub.add_parser(
-        "finetune",
-        help="real LLM team: frozen vs teamtr / naive / joint / HAPPO on held-out tasks, paired CIs, both accountings",
-        description=FINETUNE_BENCH_DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=epilog,
-    )
-    add_options(
-        f,
-        FinetuneBenchJob(),
-        [
-            "out",
-            Opt("report", "--report", help="also write summary.md here (e.g. docs/results/finetune.md)"),
-            Opt(
-                "bench.schemes", "--schemes", help="trainer schemes (teamtr naive joint joint_indep happo stale_indep)"
-            ),
-            Opt("bench.seeds", "--seeds"),
-            Opt("bench.eval_tasks", "--eval-tasks"),
-            Opt("bench.eval_split", "--eval-split"),
-            Opt("bench.eval_every", "--eval-every"),
-            Opt("bench.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
-            Opt(
-                "bench.equal_updates_control",
-                "--no-equal-updates-control",
-                help="teamtr stops at --stages (no reading at equal updates with the one-batch schemes' last stage)",
-            ),
-            Opt("bench.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
-            Opt("bench.trainer.batch_size", "--batch-size"),
-            Opt("bench.trainer.lr", "--lr"),
-            Opt("bench.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
-            *_team_options("bench.team"),
-            Opt("bench.team.workers", "--workers"),
-            *_model_options("bench.team"),
-            *_engine_options("bench.team"),
-            Opt("bench.team.group_size", "--group-size"),
-            Opt("bench.seed", "--seed"),
-            "threads",
-            Opt("progress", "--quiet", help="no progress output"),
-            "tensorboard",
-            "report_only",
-        ],
-    )
-    f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
-
-
-_WARM_PASS = (
-    "warm-start per-hop pass probability (0.85: the reliable-agent regime; 0.55: the study's non-saturating regime "
-    "for team success)"
-)
-_NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the schemes that sample one batch per stage run n× shorter)"
-
-
-FINETUNE_BENCH_DESCRIPTION = """\
-The first real-LLM comparison of phase 2: the trainable LLM workers of a team (default: the arithmetic team's
-solver and critic under the fixed pipeline solve -> calculator check -> critic check -> revise -> calculator check,
-on one-step word problems; SmolLM2 with one LoRA adapter each) trained
-by teamtr, naive, joint and HAPPO, and the frozen team, all played on the same held-out tasks with the same episode
-seeds. Read at equal stages, at equal sampled episodes and, as the control of the latter, at equal updates
-(teamtr run as long as the one-batch schemes); paired 95% CIs over tasks against the frozen team and
-between schemes (Holm-adjusted), the per-seed differences beside them.
-
-Writes OUT/config.json, OUT/evals.csv (one row per evaluation and task), the tables as CSV, learning_curves.png,
-summary.md and OUT/runs/SCHEME-seedS/ (each run's metrics and checkpoints). Resumable: run the same command again;
-the same command with --report-only writes the report of what is there so far, marked interim.
-Tune settings with --eval-split validation; report the test split once per released configuration.
-"""
-
-
-def _cmd_bench(a: argparse.Namespace) -> int:
-    from orchestra.jobs.bench import BenchJob, FinetuneBenchJob, run_bench_job, run_finetune_bench_job
-    from orchestra.teamtr.bench.config import BenchConfig
-    from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
-
-    if a.bench == "finetune":
-        job = FinetuneBenchJob(bench=FinetuneBenchConfig.smoke()) if a.smoke else FinetuneBenchJob()
-        try:
-            result = run_finetune_bench_job(build(job, a))
-        except (ValueError, FileExistsError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"summary: {result.summary}")
-        return 0
-    base = BenchJob(bench=BenchConfig.smoke()) if a.smoke else BenchJob()
-    print(f"summary: {run_bench_job(build(base, a)).summary}")
-    return 0
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -170,7 +41,7 @@ per batch (8 tasks x G=8), --max-tokens 128, 64 held-out test tasks per stage (-
 """
 
 
-def _team_options(prefix: str) -> list[Opt]:
+def team_options(prefix: str) -> list[Opt]:
     """The team-file, conductor and model flags of an LLM team config at ``prefix`` (finetune and align llm)."""
     return [
         Opt(f"{prefix}.team", "--team"),
@@ -182,7 +53,7 @@ def _team_options(prefix: str) -> list[Opt]:
     ]
 
 
-def _model_options(prefix: str) -> list[Opt]:
+def model_options(prefix: str) -> list[Opt]:
     from orchestra.teamtr.llm_models import DTYPES
 
     return [
@@ -195,7 +66,7 @@ def _model_options(prefix: str) -> list[Opt]:
     ]
 
 
-def _engine_options(prefix: str) -> list[Opt]:
+def engine_options(prefix: str) -> list[Opt]:
     return [
         Opt(f"{prefix}.max_tokens", "--max-tokens"),
         Opt(f"{prefix}.num_envs", "--num-envs"),
@@ -225,13 +96,13 @@ def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         p.add_argument_group("team"),
         root,
-        [*_team_options("team"), Opt("team.workers", "--workers"), Opt("team.reward", "--reward"),
+        [*team_options("team"), Opt("team.workers", "--workers"), Opt("team.reward", "--reward"),
          Opt("team.eval_tasks", "--eval-tasks")],
     )  # fmt: skip
     add_options(
         p.add_argument_group("model and sampling"),
         root,
-        [*_model_options("team"), Opt("team.top_p", "--top-p"), *_engine_options("team")],
+        [*model_options("team"), Opt("team.top_p", "--top-p"), *engine_options("team")],
     )
     add_options(
         p.add_argument_group("trainer"),
@@ -306,7 +177,7 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         q.add_argument_group("team (the incumbent's)"),
         llm,
-        [*_team_options("team"), Opt("swap.worker", "--worker"), Opt("team.frozen_workers", "--frozen-workers"),
+        [*team_options("team"), Opt("swap.worker", "--worker"), Opt("team.frozen_workers", "--frozen-workers"),
          Opt("team.eval_tasks", "--eval-tasks")],
     )  # fmt: skip
     add_options(
@@ -324,7 +195,7 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         q.add_argument_group("models and sampling"),
         llm,
-        [*_model_options("team")[1:], *_engine_options("team"), Opt("swap.cache_limit_mb", "--cache-limit-mb")],
+        [*model_options("team")[1:], *engine_options("team"), Opt("swap.cache_limit_mb", "--cache-limit-mb")],
     )
     _align_options(q, llm)
 
@@ -420,9 +291,6 @@ def _cmd_align(a: argparse.Namespace) -> int:
     return 0
 
 
-BENCH = {
-    "bench": Command("benchmarks (phase 2: TeamTR on the telephone chain and on a real LLM team)", _bench, _cmd_bench)
-}
 COMMANDS = {
     "finetune": Command(
         "phase 2: fine-tune a team's LLM workers with TeamTR (one LoRA adapter each) under a fixed conductor",

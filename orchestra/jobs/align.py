@@ -89,7 +89,7 @@ class AlignChainConfig:
         )
 
     def trainer_config(self) -> TeamTRConfig:
-        """The pre-swap training: the benchmark's trainer, fixed order, teamtr."""
+        """The pre-swap training: the chain experiment's trainer, fixed order, teamtr."""
         return dataclasses.replace(
             CHAIN_TRAINER, scheme="teamtr", num_stages=self.train_stages, seed=derive_seed(self.seed, 1, bits=31)
         )

@@ -1,6 +1,6 @@
 """``orchestra demo``: both phases at demo scale. Phase 1 records rule-based conductors, trains BC and CQL and
 evaluates them against the rule-based ones (:mod:`orchestra.jobs.phase1`); phase 2 runs the telephone-chain
-benchmark (:mod:`orchestra.jobs.bench`) and a Stage-0 swap of one trained chain agent (:mod:`orchestra.jobs.align`).
+experiment (:mod:`orchestra.jobs.experiment`) and a Stage-0 swap of one trained chain agent (:mod:`orchestra.jobs.align`).
 Every part resumes: finished work is kept."""
 
 from __future__ import annotations
@@ -11,24 +11,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from orchestra.experiments.chain.config import ChainExperimentConfig
 from orchestra.jobs.align import AlignChainConfig, align_chain
-from orchestra.jobs.bench import BenchJob, run_bench_job
 from orchestra.jobs.evaluate import EvaluateConfig, evaluate
+from orchestra.jobs.experiment import ChainExperimentJob, run_chain_job
 from orchestra.jobs.phase1 import Phase1Config, run_phase1
 from orchestra.report.html import write_html_report
-from orchestra.teamtr.bench.config import BenchConfig
 
 
 @dataclass(frozen=True)
 class DemoConfig:
     """Everything ``orchestra demo`` runs. One seed and one progress switch serve both phases (the command line sets
-    ``phase1.run.seed``, ``bench.seed`` and the align seeds together); phase 2 writes under ``OUT/phase2``
-    (``bench/``, ``align/``: ``align.out`` is set from ``out``)."""
+    ``phase1.run.seed``, ``chain.seed`` and the align seeds together); phase 2 writes under ``OUT/phase2``
+    (``chain/``, ``align/``: ``align.out`` is set from ``out``)."""
 
     out: str = "runs/demo"  # run directory (phase 2 writes under OUT/phase2)
     phases: tuple[Literal[1, 2], ...] = (1, 2)  # which phases to run
     phase1: Phase1Config = field(default_factory=Phase1Config.demo)  # phase 1 at demo scale
-    bench: BenchConfig = field(default_factory=BenchConfig.demo)  # the benchmark at demo scale (about a minute)
+    chain: ChainExperimentConfig = field(default_factory=ChainExperimentConfig.demo)  # the chain experiment, demo scale
     align: AlignChainConfig = AlignChainConfig()  # the Stage-0 swap of agent 1 of a 4-agent chain
     # robustness (after phase 1): these conductors on phase 1's test tasks, clean and under each perturbation
     robustness: tuple[str, ...] = ("drop=0.2", "noise=0.1")  # envs.perturb specs; () = skip
@@ -60,7 +60,7 @@ def _robustness(cfg: DemoConfig, out: Path, say: Callable[[str], None]) -> None:
 
 
 def _phase2(cfg: DemoConfig, out: Path, progress: bool, say: Callable[[str], None]) -> None:
-    result = run_bench_job(BenchJob(cfg.bench, str(out / "phase2" / "bench"), progress))
+    result = run_chain_job(ChainExperimentJob(cfg.chain, str(out / "phase2" / "chain"), progress))
     say("\n# Phase 2 (demo scale): TeamTR on the telephone chain\n")
     say(result.section("J:equal_stages"))
     say("\n" + result.section("checks"))

@@ -8,6 +8,7 @@ docs/algorithms.md). Import what you use from its modules; this package re-expor
   KL check and line search), ``checkpoint`` (run directories, resumable stage checkpoints);
 * two teams that satisfy the protocol: the telephone-chain testbed (``chain``, ``chain_team``, ``lora``) and real
   LLM workers of a team file (``llm``, ``llm_rollout``, ``llm_models``);
-* Stage-0 alignment: ``align`` (generic), ``align_chain``, ``align_llm``;
-* the telephone-chain benchmark: ``bench`` (config, run, analysis, report).
+* Stage-0 alignment: ``align`` (generic), ``align_chain``, ``align_llm``.
+
+The experiments that compare its schemes live outside it, in :mod:`orchestra.experiments`.
 """

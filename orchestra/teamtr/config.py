@@ -160,7 +160,7 @@ def _choice_fields() -> dict[str, tuple[object, ...]]:
 
 
 # The starting points of the two kinds of team, each written once (the field defaults above are the generic ones):
-# the telephone-chain benchmark's trainer, also Stage 0's pre-swap training of the chain (`orchestra align chain`),
+# the telephone-chain experiment's trainer, also Stage 0's pre-swap training of the chain (`orchestra align chain`),
 # and the CPU-sized trainer of real LLM workers (`orchestra finetune`).
 CHAIN_TRAINER = TeamTRConfig(order="fixed", num_stages=20, batch_size=128, num_epochs=2, lr=3e-2, delta=0.03)
 LLM_CPU_TRAINER = TeamTRConfig(num_stages=2, batch_size=8, num_epochs=1, num_minibatches=1, lr=1e-4, delta=0.01)

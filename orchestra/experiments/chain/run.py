@@ -1,4 +1,4 @@
-"""Running the telephone-chain benchmark (docs/architecture.md §5; the study: docs/telephone-chain.md): every
+"""Running the telephone-chain experiment (docs/architecture.md §5; the study: docs/telephone-chain.md): every
 (n, scheme, seed) run, its rows in ``runs.csv``, resume, then the tables and plots.
 
 For every (n, scheme, seed) the chain team is built from a seed derived from (cfg.seed, n, seed) only, warm started
@@ -12,39 +12,40 @@ order[m]; snapshot m has agents order[:m] at their post-update matrices and the 
 since an agent's matrix depends only on its own adapter); every batch is the stage-start one (``"stale"``).
 Train index: ``"fresh"`` for teamtr, ``"stale"`` for every other scheme.
 
-Outputs of :func:`run_bench` (``out_dir``): ``config.json``, ``runs.csv`` (one row per (n, scheme, seed, stage),
+Outputs of :func:`run_chain_experiment` (``out_dir``): ``config.json``, ``runs.csv`` (one row per (n, scheme, seed, stage),
 stage 0 = the warm-started team, drift empty there), ``final.csv``, ``regressions.csv``, ``drift.csv``,
-``alpha.csv``, ``trust.csv``, ``checks.csv`` (:mod:`~orchestra.teamtr.bench.analysis`), ``learning_curves.png``,
-``drift.png`` and ``summary.md`` (every table, :mod:`~orchestra.teamtr.bench.report`). Completed runs found in an
-existing ``runs.csv`` with the same ``config.json`` are skipped (resume per run).
+``alpha.csv``, ``trust.csv``, ``checks.csv`` (:mod:`~orchestra.experiments.chain.analysis`), ``learning_curves.png``,
+``drift.png`` and ``summary.md`` (every table, :mod:`~orchestra.experiments.chain.report`). Completed runs found in an
+existing ``runs.csv`` with the same ``config.json`` are skipped (resume per run: :class:`~orchestra.experiments.harness.RowLog`).
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from orchestra.teamtr.bench.analysis import analyse, run_curves
-from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_config
-from orchestra.teamtr.bench.report import join_sections, plot, summary_sections
+from orchestra.experiments.chain.analysis import analyse, run_curves
+from orchestra.experiments.chain.config import ChainExperimentConfig, chain_config, trainer_config
+from orchestra.experiments.chain.report import plot, summary_sections
+from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, maybe_float, stderr_say
 from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
 from trajectories.metrics import MetricsWriter
 
-RUN_FIELDS = (
-    "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",
-    "agent_updates", "accepted", "bound", "kl_over", "kl_max_ratio", "stale_gap", "certificate",
+# the columns of runs.csv and how each is read back (a NaN is written empty)
+RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
+    n=int, scheme=str, seed=int, stage=int, J=float, drift_b=maybe_float, drift_d=maybe_float, episodes=int,
+    tokens=int, agent_updates=int, accepted=int, bound=int, kl_over=int, kl_max_ratio=maybe_float,
+    stale_gap=maybe_float, certificate=maybe_float,
 )  # fmt: skip
+RUN_FIELDS = tuple(RUN_COLUMNS)
 
 # ----------------------------------------------------------------------------------------------------------------
 # one run
@@ -79,7 +80,7 @@ class _Snapshots:
 
 
 def run_one(
-    cfg: BenchConfig,
+    cfg: ChainExperimentConfig,
     team: ChainTeam,
     warm: list[dict[str, torch.Tensor]],
     n: int,
@@ -143,90 +144,50 @@ def trust_counts(updates: Sequence[dict[str, float]], names: Sequence[str]) -> d
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# files
+# the experiment
+
+Cell = tuple[int, str, int]  # (n, scheme, seed)
 
 
-def _read_runs(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [k for k in RUN_FIELDS if k not in (reader.fieldnames or [])]
-        if missing:
-            raise FileExistsError(f"{path} lacks the columns {missing} (an older format); use another output directory")
-        for r in reader:
-            rows.append(
-                dict(n=int(r["n"]), scheme=r["scheme"], seed=int(r["seed"]), stage=int(r["stage"]), J=float(r["J"]),
-                     drift_b=float(r["drift_b"] or "nan"), drift_d=float(r["drift_d"] or "nan"),
-                     episodes=int(r["episodes"]), tokens=int(r["tokens"]),
-                     **{k: int(r[k]) for k in ("agent_updates", "accepted", "bound", "kl_over")},
-                     kl_max_ratio=float(r["kl_max_ratio"] or "nan"), stale_gap=float(r["stale_gap"] or "nan"),
-                     certificate=float(r["certificate"] or "nan"))
-            )  # fmt: skip
-    return rows
+def _cell(row: dict[str, Any]) -> Cell:
+    return row["n"], row["scheme"], row["seed"]
 
 
-def _fmt_cell(v: Any) -> Any:
-    if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
-    return v
+def complete_runs(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> set[Cell]:
+    """The (n, scheme, seed) runs of ``cfg`` whose every stage is in ``rows``."""
+    return {
+        k
+        for k, c in run_curves(rows).items()
+        if k[1] in cfg.schemes and c[-1]["stage"] == cfg.stages_for(k[1], k[0]) and len(c) == c[-1]["stage"] + 1
+    }
 
 
-def _write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str], mode: str = "w") -> None:
-    new = mode == "w" or not path.exists()
-    with path.open(mode, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields))
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt_cell(r[k]) for k in fields})
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# the benchmark
-
-
-@dataclass(frozen=True)
-class BenchResult:
-    """What :func:`run_bench` wrote: ``summary.md`` and its sections (:func:`~orchestra.teamtr.bench.report.summary_sections`)."""
-
-    summary: Path  # OUT/summary.md
-    sections: dict[str, list[str]]  # the summary's named sections (lines)
-
-    def section(self, *names: str) -> str:
-        """The named sections as markdown (stripped)."""
-        return join_sections(self.sections, names).strip()
-
-
-def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True, tensorboard: bool = False) -> BenchResult:
-    """Run every (n, scheme, seed), write the tables and plots into ``out_dir``; returns ``summary.md`` and its
-    sections. ``tensorboard``: each run's metrics also under ``out_dir/runs/`` (event files included).
+def run_chain_experiment(
+    cfg: ChainExperimentConfig, out_dir: str | Path, say: Say | None = None, tensorboard: bool = False
+) -> ExperimentResult:
+    """Run every (n, scheme, seed), write the tables and plots into ``out_dir``; returns ``summary.md``, its
+    sections and the tables. ``say``: one line per finished run (default: stderr). ``tensorboard``: each run's
+    metrics also under ``out_dir/runs/`` (event files included).
 
     Resume: if ``out_dir`` already holds this exact ``config.json``, runs complete in its ``runs.csv`` are skipped.
 
     Raises:
         FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
     """
+    talk = say or stderr_say(True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     config_path, runs_path = out / "config.json", out / "runs.csv"
-    rows: list[dict[str, Any]] = []
-    if config_path.exists():
-        if json.loads(config_path.read_text()) != cfg.to_json():
-            raise FileExistsError(f"{config_path} holds a different bench config; use another output directory")
-        if runs_path.exists():
-            rows = _read_runs(runs_path)
+    resume = config_path.exists()
+    if resume and json.loads(config_path.read_text()) != cfg.to_json():
+        raise FileExistsError(f"{config_path} holds a different bench config; use another output directory")
     config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
-    done = {
-        k
-        for k, c in run_curves(rows).items()
-        if k[1] in cfg.schemes and c[-1]["stage"] == cfg.stages_for(k[1], k[0]) and len(c) == c[-1]["stage"] + 1
-    }
-    rows = [r for r in rows if (r["n"], r["scheme"], r["seed"]) in done]
-    _write_csv(runs_path, rows, RUN_FIELDS)
+    log = RowLog(runs_path, RUN_COLUMNS, _cell, lambda rows: complete_runs(cfg, rows), nan="", resume=resume)
+    reused = len(log.done)
     for n in cfg.ns:
         for seed in range(cfg.seeds):
-            todo = [s for s in cfg.schemes if (n, s, seed) not in done]
+            todo = [s for s in cfg.schemes if (n, s, seed) not in log.done]
             if not todo:
                 continue
             team = ChainTeam(chain_config(cfg, n, seed))
@@ -235,24 +196,16 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True, tens
             for scheme in todo:
                 t_run = time.perf_counter()
                 new, _ = run_one(cfg, team, warm, n, scheme, seed, out / "runs" if tensorboard else None)
-                _write_csv(runs_path, new, RUN_FIELDS, mode="a")
-                rows += new
-                if progress:
-                    print(
-                        f"bench n={n} {scheme} seed={seed}: J {new[0]['J']:.3f} → {new[-1]['J']:.3f} "
-                        f"({new[-1]['episodes']} episodes, {time.perf_counter() - t_run:.1f} s)",
-                        file=sys.stderr,
-                    )
-    tables = analyse(cfg, rows)
-    for name, table in tables.items():
-        if table:
-            _write_csv(out / f"{name}.csv", table, list(table[0]))
-    plot(cfg, rows, tables, out)
-    summary = out / "summary.md"
+                log.add((n, scheme, seed), new)
+                talk(
+                    f"chain n={n} {scheme} seed={seed}: J {new[0]['J']:.3f} → {new[-1]['J']:.3f} "
+                    f"({new[-1]['episodes']} episodes, {time.perf_counter() - t_run:.1f} s)"
+                )
+    tables = analyse(cfg, log.rows)
+    plot(cfg, log.rows, tables, out)
     total = len(cfg.ns) * cfg.seeds * len(cfg.schemes)
-    sections = summary_sections(cfg, tables, time.perf_counter() - t0, reused=len(done), total=total)
-    summary.write_text(join_sections(sections))
-    return BenchResult(summary, sections)
+    sections = summary_sections(cfg, tables, time.perf_counter() - t0, reused=reused, total=total)
+    return finish(out, tables, sections, nan="")
 
 
-__all__ = ["RUN_FIELDS", "BenchResult", "run_bench", "run_one", "trust_counts"]
+__all__ = ["RUN_COLUMNS", "RUN_FIELDS", "complete_runs", "run_chain_experiment", "run_one", "trust_counts"]

@@ -1,4 +1,4 @@
-"""``orchestra bench finetune``: the config and its accountings, the paired statistics against scipy, the smoke run's
+"""``orchestra experiment llm``: the config and its accountings, the paired statistics against scipy, the smoke run's
 files and tables, resume after a cut-short evaluation, bad input, the CLI."""
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestra.teamtr.llmbench.analysis import acceptance, analyse, paired_row
-from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
-from orchestra.teamtr.llmbench.report import summary_sections
-from orchestra.teamtr.llmbench.run import EVAL_FIELDS, read_evals, run_finetune_bench
+from orchestra.experiments.harness import read_rows
+from orchestra.experiments.llm.analysis import acceptance, analyse, paired_row
+from orchestra.experiments.llm.config import LLMExperimentConfig
+from orchestra.experiments.llm.report import summary_sections
+from orchestra.experiments.llm.run import EVAL_COLUMNS, EVAL_FIELDS, run_llm_experiment
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMOKE = FinetuneBenchConfig.smoke()
+SMOKE = LLMExperimentConfig.smoke()
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -34,7 +35,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 
 def test_accountings_and_evaluation_stages() -> None:
-    cfg = FinetuneBenchConfig()  # 2 trainable workers, 8 stages
+    cfg = LLMExperimentConfig()  # 2 trainable workers, 8 stages
     assert cfg.n_agents == 2 and cfg.num_stages == 6
     assert cfg.episode_stage("teamtr") == 6 and cfg.episode_stage("stale_indep") == 6
     assert cfg.episode_stage("naive") == cfg.episode_stage("joint") == cfg.episode_stage("happo") == 12
@@ -71,9 +72,9 @@ def test_accountings_and_evaluation_stages() -> None:
 )
 def test_bad_config_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
-        FinetuneBenchConfig(**bad)
+        LLMExperimentConfig(**bad)
     with pytest.raises(ValueError, match="multiple of team.group_size"):
-        FinetuneBenchConfig(trainer=replace(FinetuneBenchConfig().trainer, batch_size=6))
+        LLMExperimentConfig(trainer=replace(LLMExperimentConfig().trainer, batch_size=6))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -106,7 +107,7 @@ def test_paired_row_matches_scipy_and_reads_seeds_apart() -> None:
     assert (paired_row(b, a)["won"], paired_row(b, a)["lost"]) == (0, r["won"])
 
 
-def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(cfg: LLMExperimentConfig, outcome: dict[str, Any]) -> list[dict[str, Any]]:
     """Synthetic evals.csv rows: scheme → (seeds, tasks) success at every evaluation stage of the scheme, or
     scheme → {stage: (seeds, tasks) success}."""
     rows = []
@@ -123,7 +124,7 @@ def _rows(cfg: FinetuneBenchConfig, outcome: dict[str, Any]) -> list[dict[str, A
 
 
 def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
-    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
     rng = np.random.default_rng(1)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)  # greedy: the same for every seed
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.2).astype(float))
@@ -171,7 +172,7 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
 def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path) -> None:
     """Both schemes gain only with 12 updates per worker: naive's lead at equal episodes (its 12 updates against
     teamtr's 6) vanishes at equal updates, and the reading says so; a gain teamtr keeps at equal updates survives."""
-    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
     rng = np.random.default_rng(2)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
@@ -206,7 +207,7 @@ def test_freshness_control_reads_teamtr_against_stale_indep(tmp_path: Path) -> N
     """stale_indep (per-worker stale batches) gains at 12 updates, teamtr does not: the reading names the freshness
     control at equal updates with the sign of teamtr − stale_indep and each seed's; at equal stages (both alike) it
     says no difference survives. Without stale_indep in the run there is no such sentence."""
-    cfg = replace(FinetuneBenchConfig(), schemes=("teamtr", "naive", "stale_indep"), eval_tasks=200)
+    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive", "stale_indep"), eval_tasks=200)
     rng = np.random.default_rng(3)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
@@ -239,8 +240,8 @@ def smoke_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("bench_finetune")
-    run_finetune_bench(SMOKE, out, say=lambda _line: None)
+    out = tmp_path_factory.mktemp("experiment_llm")
+    run_llm_experiment(SMOKE, out, say=lambda _line: None)
     return out
 
 
@@ -248,7 +249,7 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
     for name in ("config.json", "evals.csv", "final.csv", "vs_frozen.csv", "pairwise.csv", "curves.csv",
                  "training.csv", "learning_curves.png", "summary.md"):  # fmt: skip
         assert (smoke_dir / name).exists(), name
-    rows = read_evals(smoke_dir / "evals.csv")
+    rows = read_rows(smoke_dir / "evals.csv", EVAL_COLUMNS)
     keys = {(r["scheme"], r["seed"], r["stage"]) for r in rows}
     want = {("frozen", 0, 0)} | {("teamtr", 0, k) for k in (1, 2, 3, 4)} | {("naive", 0, k) for k in (1, 2, 3, 4)}
     assert keys == want
@@ -275,11 +276,11 @@ def test_resume_redoes_only_a_cut_short_evaluation(smoke_dir: Path, tmp_path: Pa
     lines = (copy / "evals.csv").read_text().splitlines(keepends=True)
     (copy / "evals.csv").write_text("".join(lines[:-2]))  # the last evaluation (naive, stage 4) cut short
     said: list[str] = []
-    run_finetune_bench(SMOKE, copy, say=said.append)
+    run_llm_experiment(SMOKE, copy, say=said.append)
     assert [s for s in said if "held-out success" in s] == [s for s in said if "naive seed 0 stage 4" in s]
     assert len([s for s in said if "held-out success" in s]) == 1  # nothing else was played again
-    again = sorted(read_evals(copy / "evals.csv"), key=lambda r: (r["scheme"], r["stage"], r["task"]))
-    first = sorted(read_evals(smoke_dir / "evals.csv"), key=lambda r: (r["scheme"], r["stage"], r["task"]))
+    again = sorted(read_rows(copy / "evals.csv", EVAL_COLUMNS), key=lambda r: (r["scheme"], r["stage"], r["task"]))
+    first = sorted(read_rows(smoke_dir / "evals.csv", EVAL_COLUMNS), key=lambda r: (r["scheme"], r["stage"], r["task"]))
     assert again == first  # the re-played evaluation repeats exactly
 
 
@@ -292,9 +293,11 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
     lines = (copy / "evals.csv").read_text().splitlines(keepends=True)
     (copy / "evals.csv").write_text("".join(lines[:-2]))  # the last evaluation (naive, stage 4) cut short
     said: list[str] = []
-    result = run_finetune_bench(SMOKE, copy, say=said.append, play=False)
+    result = run_llm_experiment(SMOKE, copy, say=said.append, play=False)
     assert not [s for s in said if "held-out success" in s]  # nothing was played
-    assert len(read_evals(copy / "evals.csv")) == (len(lines) - 1 - SMOKE.eval_tasks)  # only complete ones kept
+    assert len(read_rows(copy / "evals.csv", EVAL_COLUMNS)) == (
+        len(lines) - 1 - SMOKE.eval_tasks
+    )  # only complete ones kept
     summary = result.summary.read_text()
     assert "Interim report: 1 evaluation is not in yet** (naive: seed 0 stage 4)" in summary
     assert "`--report-only`: nothing played here" in summary and "Wall time of this invocation" not in summary
@@ -309,7 +312,7 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
 def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import orchestra.teamtr.llmbench.run as run_module
+    import orchestra.experiments.llm.run as run_module
 
     played: list[int] = []
     real = run_module.evaluate
@@ -321,15 +324,15 @@ def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
     monkeypatch.setattr(run_module, "evaluate", counted)
     cfg = replace(SMOKE, seeds=3, eval_tasks=3, trainer=replace(SMOKE.trainer, num_stages=1))
     said: list[str] = []
-    run_finetune_bench(cfg, tmp_path, say=said.append)
+    run_llm_experiment(cfg, tmp_path, say=said.append)
     assert len(played) == 1 + 3 * 2 + 3 * 2  # the frozen team once, teamtr and naive at stages 1 and 2 per seed
     # scheme-major: the frozen team, then every seed of teamtr, then naive (a run stopped part-way holds complete
     # paired comparisons of the schemes it reached)
-    order = [line.split(":")[0].removeprefix("bench finetune ") for line in said if "held-out success" in line]
+    order = [line.split(":")[0].removeprefix("llm ") for line in said if "held-out success" in line]
     assert order == [f"frozen seed {s} stage 0" for s in range(3)] + [
         f"{scheme} seed {s} stage {k}" for scheme in ("teamtr", "naive") for s in range(3) for k in (1, 2)
     ]
-    rows = read_evals(tmp_path / "evals.csv")
+    rows = read_rows(tmp_path / "evals.csv", EVAL_COLUMNS)
     frozen = {s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
               for s in range(3)}  # fmt: skip
     assert len(frozen[0]) == 3 and frozen[0] == frozen[1] == frozen[2]  # one copy per seed, no more
@@ -345,33 +348,33 @@ def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: P
     lines[3] = "frozen,0,zero" + lines[3][lines[3].index(",", 9) :]
     (copy / "evals.csv").write_text("".join(lines))
     with pytest.raises(ValueError, match=r"evals\.csv:4: a damaged row"):
-        run_finetune_bench(SMOKE, copy, say=lambda _line: None)
+        run_llm_experiment(SMOKE, copy, say=lambda _line: None)
     with pytest.raises(FileExistsError, match=r"different benchmark config \(eval_tasks differ\)"):
-        run_finetune_bench(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
+        run_llm_experiment(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
     with pytest.raises(FileExistsError, match=r"\(trainer\.lr differ\)"):
-        run_finetune_bench(replace(SMOKE, trainer=replace(SMOKE.trainer, lr=0.5)), smoke_dir, say=lambda _line: None)
+        run_llm_experiment(replace(SMOKE, trainer=replace(SMOKE.trainer, lr=0.5)), smoke_dir, say=lambda _line: None)
     with pytest.raises(FileExistsError, match=r"\(schemes differ\).*appended to teamtr naive"):
-        run_finetune_bench(replace(SMOKE, schemes=("naive", "teamtr")), smoke_dir, say=lambda _line: None)
+        run_llm_experiment(replace(SMOKE, schemes=("naive", "teamtr")), smoke_dir, say=lambda _line: None)
     assert list(EVAL_FIELDS) == list(_csv(smoke_dir / "evals.csv")[0])
 
 
-def test_cli_bench_finetune(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_experiment_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestra.cli import main
 
     with pytest.raises(SystemExit) as e:
-        main(["bench", "finetune", "--help"])
+        main(["experiment", "llm", "--help"])
     assert e.value.code == 0
     text = capsys.readouterr().out
-    assert "usage: orchestra bench finetune" in text and "--eval-split" in text and "--smoke" in text
+    assert "usage: orchestra experiment llm" in text and "--eval-split" in text and "--smoke" in text
     out = tmp_path / "cli"
     report = tmp_path / "docs" / "finetune.md"
-    rc = main(["bench", "finetune", "--smoke", "--schemes", "teamtr", "--eval-tasks", "3", "--out", str(out),
+    rc = main(["experiment", "llm", "--smoke", "--schemes", "teamtr", "--eval-tasks", "3", "--out", str(out),
                "--report", str(report), "--threads", "1", "--quiet"])  # fmt: skip
     assert rc == 0
     assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
     assert {r["scheme"] for r in _csv(out / "evals.csv")} == {"frozen", "teamtr"}
     assert "](finetune_curves.png)" in report.read_text() and (report.parent / "finetune_curves.png").exists()
-    assert main(["bench", "finetune", "--smoke", "--schemes", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    assert main(["experiment", "llm", "--smoke", "--schemes", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "schemes" in capsys.readouterr().err
 
 
@@ -382,11 +385,11 @@ def test_a_scheme_appended_to_a_finished_run_keeps_every_evaluation(smoke_dir: P
 
     copy = tmp_path / "copy"
     shutil.copytree(smoke_dir, copy)
-    before = read_evals(copy / "evals.csv")
+    before = read_rows(copy / "evals.csv", EVAL_COLUMNS)
     more = replace(SMOKE, schemes=(*SMOKE.schemes, "stale_indep"))
     said: list[str] = []
-    result = run_finetune_bench(more, copy, say=said.append, play=False)
-    assert read_evals(copy / "evals.csv") == before and not [s for s in said if "held-out success" in s]
+    result = run_llm_experiment(more, copy, say=said.append, play=False)
+    assert read_rows(copy / "evals.csv", EVAL_COLUMNS) == before and not [s for s in said if "held-out success" in s]
     missing = ", ".join(f"seed 0 stage {k}" for k in more.eval_stages("stale_indep")[1:])
     assert f"Interim report: 4 evaluations are not in yet** (stale_indep: {missing})" in result.summary.read_text()
     assert json.loads((copy / "config.json").read_text())["schemes"] == [*SMOKE.schemes, "stale_indep"]

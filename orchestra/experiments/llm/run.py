@@ -1,4 +1,4 @@
-"""Running the real-LLM fine-tuning benchmark: every (scheme, seed) run, its held-out evaluations in ``evals.csv``,
+"""Running the real-LLM fine-tuning experiment: every (scheme, seed) run, its held-out evaluations in ``evals.csv``,
 resume, then the tables, plots and ``summary.md``.
 
 Per (scheme, run seed) an :class:`~orchestra.teamtr.llm.LLMTeam` is built from that seed's config (its LoRA init
@@ -13,74 +13,40 @@ evaluation (``eval_temperature`` 0) it is the same for every seed, so it is play
 every seed; with sampled evaluation it is played per seed.
 
 Resume: a directory holding the same ``config.json`` keeps every complete evaluation of ``evals.csv`` and continues
-each run from its latest checkpoint (bit-identically: :func:`~orchestra.teamtr.trainer.train`'s resume).
+each run from its latest checkpoint (bit-identically: :func:`~orchestra.teamtr.trainer.train`'s resume); the rows
+file is the harness's (:class:`~orchestra.experiments.harness.RowLog`).
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, stderr_say
+from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.teamtr.checkpoint import differing_fields
 from orchestra.teamtr.config import derive_seed
-from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
 
-EVAL_FIELDS = (
-    "scheme", "seed", "stage", "episodes", "tokens", "train_seconds", "task", "difficulty", "success", "return",
-    "eval_tokens",
-)  # fmt: skip
+# the columns of evals.csv (one row per evaluation and held-out task) and how each is read back
+EVAL_COLUMNS: dict[str, Callable[[str], Any]] = {
+    "scheme": str, "seed": int, "stage": int, "episodes": int, "tokens": int, "train_seconds": float, "task": int,
+    "difficulty": int, "success": float, "return": float, "eval_tokens": int,
+}  # fmt: skip
+EVAL_FIELDS = tuple(EVAL_COLUMNS)
 
-
-@dataclass(frozen=True)
-class FinetuneBenchResult:
-    """What :func:`run_finetune_bench` wrote: ``summary.md`` and its sections."""
-
-    summary: Path  # OUT/summary.md
-    sections: dict[str, list[str]]  # the summary's named sections (lines)
-    tables: dict[str, list[dict[str, Any]]]  # every table (also written as OUT/{name}.csv)
+Evaluation = tuple[str, int, int]  # (scheme, seed, stage)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # files
 
 
-def read_evals(path: Path) -> list[dict[str, Any]]:
-    """The rows of an ``evals.csv`` (ValueError naming the file and line of a damaged row)."""
-    rows: list[dict[str, Any]] = []
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [k for k in EVAL_FIELDS if k not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: lacks the columns {missing}; use another output directory")
-        for line, r in enumerate(reader, start=2):
-            try:
-                rows.append(
-                    dict(scheme=r["scheme"], seed=int(r["seed"]), stage=int(r["stage"]), episodes=int(r["episodes"]),
-                         tokens=int(r["tokens"]), train_seconds=float(r["train_seconds"]), task=int(r["task"]),
-                         difficulty=int(r["difficulty"]), success=float(r["success"]), **{"return": float(r["return"])},
-                         eval_tokens=int(r["eval_tokens"]))
-                )  # fmt: skip
-            except (TypeError, ValueError) as e:
-                raise ValueError(f"{path}:{line}: a damaged row ({e}); delete the line to re-run its evaluation") from e
-    return rows
-
-
-def _append(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(EVAL_FIELDS))
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in EVAL_FIELDS})
-        f.flush()
+def _evaluation(row: dict[str, Any]) -> Evaluation:
+    return row["scheme"], row["seed"], row["stage"]
 
 
 def complete_evaluations(rows: Sequence[dict[str, Any]], n_tasks: int) -> set[tuple[str, int, int]]:
@@ -91,7 +57,7 @@ def complete_evaluations(rows: Sequence[dict[str, Any]], n_tasks: int) -> set[tu
     return {k for k, t in tasks.items() if t == set(range(n_tasks))}
 
 
-def expected_evaluations(cfg: FinetuneBenchConfig) -> list[tuple[str, int, int]]:
+def expected_evaluations(cfg: LLMExperimentConfig) -> list[tuple[str, int, int]]:
     """Every (scheme, seed, stage) evaluation of a complete run, in the order the run plays them."""
     frozen = [(FROZEN, seed, 0) for seed in range(cfg.seeds)]
     return frozen + [(s, seed, k) for s in cfg.schemes for seed in range(cfg.seeds) for k in cfg.eval_stages(s)[1:]]
@@ -101,7 +67,7 @@ def expected_evaluations(cfg: FinetuneBenchConfig) -> list[tuple[str, int, int]]
 # one evaluation
 
 
-def held_out_tasks(cfg: FinetuneBenchConfig) -> list[Any]:
+def held_out_tasks(cfg: LLMExperimentConfig) -> list[Any]:
     """The held-out tasks of every evaluation: ``eval_tasks`` tasks of ``eval_split`` (the team's family and
     difficulty), from the root seed only."""
     from orchestra.teamtr.llm import _load_team
@@ -110,7 +76,7 @@ def held_out_tasks(cfg: FinetuneBenchConfig) -> list[Any]:
     return family.generate(cfg.eval_split, cfg.eval_tasks, derive_seed(cfg.seed, 7, bits=31), cfg.team.difficulty)
 
 
-def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[dict[str, Any]]:
+def evaluate(team: Any, tasks: Sequence[Any], cfg: LLMExperimentConfig) -> list[dict[str, Any]]:
     """Play ``tasks`` with the team's held-out workers (``eval_temperature``); one row per task (success, return,
     the trainable workers' tokens)."""
     from orchestra.runtime.rollout import EpisodeJob, episode_seed
@@ -128,11 +94,11 @@ def evaluate(team: Any, tasks: Sequence[Any], cfg: FinetuneBenchConfig) -> list[
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the benchmark
+# the experiment
 
 
-def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
-    """Refuse to continue a benchmark under another config, with one exception: ``schemes`` may be extended at the
+def check_stored_config(path: Path, cfg: LLMExperimentConfig) -> None:
+    """Refuse to continue an experiment under another config, with one exception: ``schemes`` may be extended at the
     end (a control added to a finished comparison). The runs already in were made under the same settings, and the
     runs go scheme by scheme, so every earlier evaluation stays valid; the Holm families then hold more comparisons.
 
@@ -150,14 +116,14 @@ def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
     )
 
 
-def run_finetune_bench(
-    cfg: FinetuneBenchConfig,
+def run_llm_experiment(
+    cfg: LLMExperimentConfig,
     out_dir: str | Path,
     *,
-    say: Callable[[str], None] | None = None,
+    say: Say | None = None,
     tensorboard: bool = False,
     play: bool = True,
-) -> FinetuneBenchResult:
+) -> ExperimentResult:
     """Run every (scheme, seed), evaluate each at its evaluation stages, write the tables, plots and
     ``summary.md`` into ``out_dir`` (``tensorboard``: each run's update and stage metrics also as event files in
     ``runs/SCHEME-seedS/tensorboard/``). ``play=False`` trains and plays nothing: the report of the evaluations
@@ -167,12 +133,12 @@ def run_finetune_bench(
         FileExistsError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
             :func:`check_stored_config`).
     """
+    from orchestra.experiments.llm.analysis import analyse
+    from orchestra.experiments.llm.report import plot, summary_sections
     from orchestra.teamtr.llm import LLMTeam
-    from orchestra.teamtr.llmbench.analysis import analyse
-    from orchestra.teamtr.llmbench.report import plot, summary_sections
     from orchestra.teamtr.trainer import train
 
-    talk = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    talk = say or stderr_say(True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -180,14 +146,10 @@ def run_finetune_bench(
     if config_path.exists():
         check_stored_config(config_path, cfg)
     config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
-    rows = read_evals(evals_path) if evals_path.exists() else []
-    done = complete_evaluations(rows, cfg.eval_tasks)
-    rows = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) in done]
-    if evals_path.exists():  # drop the rows of an evaluation cut short; the complete ones are never at risk
-        partial = evals_path.with_suffix(".csv.tmp")
-        partial.unlink(missing_ok=True)
-        _append(partial, rows)
-        os.replace(partial, evals_path)
+    evals = RowLog(
+        evals_path, EVAL_COLUMNS, _evaluation, lambda got: complete_evaluations(got, cfg.eval_tasks), nan="nan"
+    )
+    rows, done = evals.rows, evals.done
     tasks = held_out_tasks(cfg)
     greedy = cfg.team.eval_temperature == 0
 
@@ -195,12 +157,9 @@ def run_finetune_bench(
         st = log.stages[stage - 1] if stage else {}
         extra = dict(scheme=scheme, seed=seed, stage=stage, episodes=int(st.get("rollout/episodes", 0)),
                      tokens=int(st.get("rollout/tokens", 0)), train_seconds=float(st.get("perf/wall_seconds", 0.0)))  # fmt: skip
-        new = [{**extra, **r} for r in played]
-        _append(evals_path, new)
-        rows.extend(new)
-        done.add((scheme, seed, stage))
+        evals.add((scheme, seed, stage), [{**extra, **r} for r in played])
         mean = sum(r["success"] for r in played) / len(played)
-        talk(f"bench finetune {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
+        talk(f"llm {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
 
     # Scheme-major: the frozen team first, then every seed of the first scheme (teamtr by default), and so on, so a
     # run stopped part-way already holds complete paired comparisons of the schemes it reached. A team is built per
@@ -236,26 +195,16 @@ def run_finetune_bench(
                         "delete the run directory to re-run it"
                     )
                 record(scheme, seed, stage, evaluate(team, tasks, cfg), log)
-            talk(f"bench finetune {scheme} seed {seed}: done in {time.perf_counter() - t_run:.0f} s")
+            talk(f"llm {scheme} seed {seed}: done in {time.perf_counter() - t_run:.0f} s")
             del team
     tables = analyse(cfg, rows, out / "runs")
-    for name, table in tables.items():
-        if table:
-            with (out / f"{name}.csv").open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(table[0]))
-                w.writeheader()
-                w.writerows(table)
     plot(cfg, rows, tables, out)
-    from orchestra.teamtr.bench.report import join_sections
-
     missing = [key for key in expected_evaluations(cfg) if key not in done]
     sections = summary_sections(cfg, tables, time.perf_counter() - t0 if play else None, missing=missing)
-    summary = out / "summary.md"
-    summary.write_text(join_sections(sections))
-    return FinetuneBenchResult(summary, sections, tables)
+    return finish(out, tables, sections, nan="nan")
 
 
 __all__ = [
-    "EVAL_FIELDS", "FROZEN", "FinetuneBenchResult", "evaluate", "expected_evaluations", "held_out_tasks",
-    "run_finetune_bench",
+    "EVAL_COLUMNS", "EVAL_FIELDS", "FROZEN", "complete_evaluations", "evaluate", "expected_evaluations", "held_out_tasks",
+    "run_llm_experiment",
 ]  # fmt: skip

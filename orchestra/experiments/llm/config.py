@@ -1,8 +1,8 @@
-"""The real-LLM fine-tuning benchmark's config: which team, schemes, seeds and held-out tasks, composed with the
-``TeamTRConfig`` and ``LLMTeamConfig`` every run trains with (one source each: :data:`LLM_BENCH_TRAINER`,
-:data:`LLM_BENCH_TEAM`).
+"""The real-LLM fine-tuning experiment's config: which team, schemes, seeds and held-out tasks, composed with the
+``TeamTRConfig`` and ``LLMTeamConfig`` every run trains with (one source each: :data:`LLM_EXPERIMENT_TRAINER`,
+:data:`LLM_EXPERIMENT_TEAM`).
 
-Three readings. Two accountings, as in the telephone-chain benchmark (``orchestra bench teamtr``): *equal stages* reads every scheme
+Three readings. Two accountings, as in the telephone-chain experiment (``orchestra experiment chain``): *equal stages* reads every scheme
 after ``trainer.num_stages`` stages (every worker updated that many times; teamtr has then sampled n× the episodes of
 the schemes that sample one batch per stage); *equal episodes* reads the one-batch schemes after n × that many stages,
 when they have sampled as many episodes as teamtr (``extend_for_episodes``). Those have then also updated every worker
@@ -11,23 +11,22 @@ teamtr runs n × ``num_stages`` as well and every scheme is read there (teamtr h
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from orchestra.teamtr.bench.config import FULL_VOLUME  # schemes sampling n batches per stage, as teamtr
+from orchestra.experiments.harness import config_json, episode_stage
 from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
 from orchestra.teamtr.llm import LLMTeamConfig
 
 # the untrained team, evaluated at stage 0 and compared with every scheme
 FROZEN = "frozen"
 
-# The bench's team: the arithmetic team's solver and critic, both trainable, under a fixed pipeline in which both
+# The experiment's team: the arithmetic team's solver and critic, both trainable, under a fixed pipeline in which both
 # speak in every episode: the solver solves, the calculator checks its arithmetic (a FAIL states the true value), the
 # critic reviews, the solver revises, the calculator checks again. One-step word problems (difficulty 1), where the
 # frozen team's held-out success lies in the 20-60% band the comparison needs (22.5% on 40 validation tasks when the
 # setting was chosen; docs/results/finetune.md quotes the test figure).
-LLM_BENCH_TEAM = LLMTeamConfig(
+LLM_EXPERIMENT_TEAM = LLMTeamConfig(
     team="arithmetic",
     difficulty=1,
     conductor="pipeline",
@@ -44,22 +43,22 @@ LLM_BENCH_TEAM = LLMTeamConfig(
 # region (δ = 0.005 per token) shortens when they move a worker too far; π_cur's log-probs are the sampler's. Chosen
 # on the validation split (README, Results → Phase 2 on a real LLM team): lr 10⁻³ with δ = 0.02 at temperature 1
 # collapsed the sampled success to 0 within three stages; lr 10⁻⁴ with δ = 0.002 at 0.7 did not move it.
-LLM_BENCH_TRAINER = TeamTRConfig(
+LLM_EXPERIMENT_TRAINER = TeamTRConfig(
     num_stages=6, batch_size=16, num_epochs=1, num_minibatches=1, lr=3e-4, delta=0.005, old_logprobs="behaviour"
 )
 
 
 @dataclass(frozen=True)
-class FinetuneBenchConfig:
-    """Every knob of ``orchestra bench finetune`` (defaults: the full CPU benchmark).
+class LLMExperimentConfig:
+    """Every knob of ``orchestra experiment llm`` (defaults: the full CPU experiment).
 
-    Per (scheme, seed) run the benchmark sets the team's ``seed`` (LoRA init, sampling salt) and the trainer's
+    Per (scheme, seed) run the experiment sets the team's ``seed`` (LoRA init, sampling salt) and the trainer's
     ``seed`` from (``seed``, run seed) only, so every scheme of a seed starts from the same adapters and draws the
     same first batch (paired), the trainer's ``scheme`` and its ``num_stages`` (:meth:`stages_for`). Every
     evaluation plays the same ``eval_tasks`` tasks of ``eval_split`` with the same episode seeds (paired over tasks)."""
 
-    team: LLMTeamConfig = field(default_factory=lambda: LLM_BENCH_TEAM)  # the team, conductor, model and sampling
-    trainer: TeamTRConfig = field(default_factory=lambda: LLM_BENCH_TRAINER)  # the trainer of every run
+    team: LLMTeamConfig = field(default_factory=lambda: LLM_EXPERIMENT_TEAM)  # the team, conductor, model and sampling
+    trainer: TeamTRConfig = field(default_factory=lambda: LLM_EXPERIMENT_TRAINER)  # the trainer of every run
     schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes (the frozen team is always in)
     seeds: int = 3  # seeds per scheme; seed s gives every scheme the same init and first batch
     # held-out tasks of every evaluation (the same tasks and episode seeds every time): all 133 distinct one-step word
@@ -109,8 +108,7 @@ class FinetuneBenchConfig:
         """The stage at which a scheme has sampled as many episodes as teamtr at ``num_stages``: ``num_stages`` for
         the schemes that sample n batches per stage (teamtr, stale_indep), n × that for the others with
         ``extend_for_episodes``."""
-        one_batch = scheme not in FULL_VOLUME and self.extend_for_episodes
-        return self.n_agents * self.num_stages if one_batch else self.num_stages
+        return episode_stage(scheme, self.n_agents, self.num_stages, self.extend_for_episodes)
 
     def stages_for(self, scheme: str) -> int:
         """Stages a scheme trains for: its :meth:`episode_stage`, or n × ``num_stages`` for every scheme with the
@@ -126,11 +124,11 @@ class FinetuneBenchConfig:
         return tuple(sorted(s for s in stages if s <= last))
 
     @classmethod
-    def smoke(cls, **overrides: Any) -> FinetuneBenchConfig:
+    def smoke(cls, **overrides: Any) -> LLMExperimentConfig:
         """A tiny preset for tests: the random-init tiny model, teamtr vs naive, 1 seed, 2 stages, 6 held-out tasks
-        (under a minute on 2 cores). Its figures mean nothing; it exercises every path of the full benchmark."""
+        (under a minute on 2 cores). Its figures mean nothing; it exercises every path of the full experiment."""
         team = replace(
-            LLM_BENCH_TEAM,
+            LLM_EXPERIMENT_TEAM,
             model="tiny",
             max_tokens=6,
             group_size=2,
@@ -138,7 +136,7 @@ class FinetuneBenchConfig:
             num_envs=8,
             forward_batch_size=8,
         )
-        trainer = replace(LLM_BENCH_TRAINER, num_stages=2, batch_size=4, lr=1e-2)
+        trainer = replace(LLM_EXPERIMENT_TRAINER, num_stages=2, batch_size=4, lr=1e-2)
         base = cls(team=team, trainer=trainer, schemes=("teamtr", "naive"), seeds=1, eval_tasks=6, eval_every=1)
         return replace(base, **overrides)
 
@@ -158,8 +156,7 @@ class FinetuneBenchConfig:
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
-        out: dict[str, Any] = json.loads(json.dumps(asdict(self)))
-        return out
+        return config_json(self)
 
 
-__all__ = ["FROZEN", "LLM_BENCH_TEAM", "LLM_BENCH_TRAINER", "FinetuneBenchConfig"]
+__all__ = ["FROZEN", "LLM_EXPERIMENT_TEAM", "LLM_EXPERIMENT_TRAINER", "LLMExperimentConfig"]

@@ -1,4 +1,4 @@
-"""Analysis of the telephone-chain benchmark: pure functions from the ``runs.csv`` rows to the tables (final J under
+"""Analysis of the telephone-chain experiment: pure functions from the ``runs.csv`` rows to the tables (final J under
 both accountings, regressions, drift, fitted exponents α, trust-region accounting) and the acceptance checks.
 
 Accounting (docs/telephone-chain.md §2):
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.teamtr.bench.config import BenchConfig
+from orchestra.experiments.chain.config import ChainExperimentConfig
 
 REGRESSION_THRESHOLDS = (0.01, 0.001)  # a stage "regresses" when exact J falls by more than this
 
@@ -149,7 +149,7 @@ def run_curves(rows: Sequence[dict[str, Any]]) -> dict[Key, list[dict[str, Any]]
     return runs
 
 
-def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Tables from the ``runs.csv`` rows: ``final`` (both accountings), ``regressions``, ``drift``, ``alpha``."""
     runs = run_curves(rows)
     seeds = range(cfg.seeds)
@@ -247,8 +247,8 @@ def analyse(cfg: BenchConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[
     return tables
 
 
-def acceptance_checks(cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The acceptance criteria of the benchmark (docs/telephone-chain.md §5) evaluated on these tables: one row per criterion with the measured value and
+def acceptance_checks(cfg: ChainExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The acceptance criteria of the experiment (docs/telephone-chain.md §5) evaluated on these tables: one row per criterion with the measured value and
     whether it holds ("n/a" when this config cannot decide it, e.g. a scheme or an n was not run)."""
     checks: list[dict[str, Any]] = []
 

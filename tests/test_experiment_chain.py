@@ -1,4 +1,4 @@
-"""The telephone-chain TeamTR benchmark: pure helpers, a smoke run's files, drift bookkeeping, resume, the CLI."""
+"""The telephone-chain experiment: pure helpers, a smoke run's files, drift bookkeeping, resume, the CLI."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestra.teamtr.bench.analysis import equal_episode_stage, fit_alpha, regression_fraction
-from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_config
-from orchestra.teamtr.bench.run import RUN_FIELDS, run_bench, run_one, trust_counts
+from orchestra.experiments.chain.analysis import equal_episode_stage, fit_alpha, regression_fraction
+from orchestra.experiments.chain.config import ChainExperimentConfig, chain_config, trainer_config
+from orchestra.experiments.chain.run import RUN_FIELDS, run_chain_experiment, run_one, trust_counts
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
 from orchestra.teamtr.config import CHAIN_TRAINER
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMOKE = BenchConfig.smoke(seeds=2)
+SMOKE = ChainExperimentConfig.smoke(seeds=2)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -63,18 +63,18 @@ def test_regression_fraction() -> None:
 
 def test_config_validation_and_stages() -> None:
     with pytest.raises(ValueError):
-        BenchConfig(schemes=("nope",))  # type: ignore[arg-type]
+        ChainExperimentConfig(schemes=("nope",))  # type: ignore[arg-type]
     five = replace(CHAIN_TRAINER, num_stages=5)
-    cfg = BenchConfig(trainer=five)
+    cfg = ChainExperimentConfig(trainer=five)
     assert cfg.stages_for("teamtr", 4) == 5 and cfg.stages_for("naive", 4) == 20
-    assert BenchConfig(trainer=five, extend_for_episodes=False).stages_for("happo", 4) == 5
+    assert ChainExperimentConfig(trainer=five, extend_for_episodes=False).stages_for("happo", 4) == 5
     with pytest.raises(ValueError, match="order"):
-        BenchConfig(trainer=replace(CHAIN_TRAINER, order="sideways"))  # type: ignore[arg-type]
+        ChainExperimentConfig(trainer=replace(CHAIN_TRAINER, order="sideways"))  # type: ignore[arg-type]
 
 
-def test_bench_trainer_is_the_chain_trainer_with_the_run_s_scheme_stages_and_seed() -> None:
+def test_experiment_trainer_is_the_chain_trainer_with_the_run_s_scheme_stages_and_seed() -> None:
     """One source of the trainer's settings: every run's TeamTRConfig is CHAIN_TRAINER but for three fields."""
-    cfg = BenchConfig.demo()
+    cfg = ChainExperimentConfig.demo()
     for scheme in cfg.schemes:
         got = trainer_config(cfg, 4, 1, scheme)
         assert replace(got, scheme=CHAIN_TRAINER.scheme, num_stages=6, seed=CHAIN_TRAINER.seed) == replace(
@@ -89,21 +89,21 @@ def test_bench_trainer_is_the_chain_trainer_with_the_run_s_scheme_stages_and_see
 
 
 @pytest.fixture(scope="module")
-def bench_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def chain_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
 
     torch.set_num_threads(1)
-    out = tmp_path_factory.mktemp("bench")
-    run_bench(SMOKE, out, progress=False)
+    out = tmp_path_factory.mktemp("chain")
+    run_chain_experiment(SMOKE, out, say=lambda _line: None)
     return out
 
 
-def test_smoke_run_writes_every_file(bench_dir: Path) -> None:
+def test_smoke_run_writes_every_file(chain_dir: Path) -> None:
     for name in ("config.json", "runs.csv", "final.csv", "regressions.csv", "drift.csv", "alpha.csv", "summary.md"):
-        assert (bench_dir / name).stat().st_size > 0, name
+        assert (chain_dir / name).stat().st_size > 0, name
     for name in ("learning_curves.png", "drift.png"):
-        assert (bench_dir / name).read_bytes()[:4] == b"\x89PNG", name
-    runs = _csv(bench_dir / "runs.csv")
+        assert (chain_dir / name).read_bytes()[:4] == b"\x89PNG", name
+    runs = _csv(chain_dir / "runs.csv")
     assert list(runs[0]) == list(RUN_FIELDS)
     # teamtr: stages 0..2; naive: n × 2 stages (equal-episodes accounting)
     expected = sum((1 + SMOKE.stages_for(s, n)) * SMOKE.seeds for n in SMOKE.ns for s in SMOKE.schemes)
@@ -120,7 +120,7 @@ def test_smoke_run_writes_every_file(bench_dir: Path) -> None:
         for s in range(SMOKE.seeds):
             assert start[(str(n), str(s), "teamtr")] == start[(str(n), str(s), "naive")]
 
-    final = _csv(bench_dir / "final.csv")
+    final = _csv(chain_dir / "final.csv")
     assert len(final) == 2 * len(SMOKE.ns) * len(SMOKE.schemes)
     assert {"accounting", "n", "scheme", "stage_mean", "episodes_mean", "J_mean", "J_sd"} <= set(final[0])
     for r in final:
@@ -128,33 +128,33 @@ def test_smoke_run_writes_every_file(bench_dir: Path) -> None:
             assert float(r["episodes_mean"]) == SMOKE.num_stages * int(r["n"]) * SMOKE.batch_size
         else:
             assert float(r["stage_mean"]) == SMOKE.num_stages
-    alpha = {r["scheme"]: r for r in _csv(bench_dir / "alpha.csv")}
+    alpha = {r["scheme"]: r for r in _csv(chain_dir / "alpha.csv")}
     assert set(alpha) == set(SMOKE.schemes) and math.isfinite(float(alpha["naive"]["alpha_b"]))
     assert float(alpha["teamtr"]["ratio_b_vs_teamtr_at_n3"]) == pytest.approx(1.0)
-    assert len(_csv(bench_dir / "regressions.csv")) == len(SMOKE.ns) * len(SMOKE.schemes)
-    text = (bench_dir / "summary.md").read_text()
+    assert len(_csv(chain_dir / "regressions.csv")) == len(SMOKE.ns) * len(SMOKE.schemes)
+    text = (chain_dir / "summary.md").read_text()
     for heading in ("equal stages", "equal sampled episodes", "Regressions", "Drift (b)", "Drift (d)", "α (b)"):
         assert heading in text
     assert "Trust region" in text and "Acceptance criteria" in text
 
 
-def test_trust_region_accounting(bench_dir: Path) -> None:
+def test_trust_region_accounting(chain_dir: Path) -> None:
     """Every stage row counts its agent-updates (n per stage; the joint schemes too), none accepted above δ, and the
     per-scheme totals in trust.csv add the rows up."""
-    runs = _csv(bench_dir / "runs.csv")
+    runs = _csv(chain_dir / "runs.csv")
     for r in runs:
         n, stage = int(r["n"]), int(r["stage"])
         assert int(r["agent_updates"]) == (n if stage > 0 else 0)
         assert int(r["kl_over"]) == 0 and int(r["accepted"]) <= int(r["agent_updates"])
         if stage > 0 and int(r["accepted"]):
             assert 0.0 <= float(r["kl_max_ratio"]) <= 1.0
-    trust = {r["scheme"]: r for r in _csv(bench_dir / "trust.csv")}
+    trust = {r["scheme"]: r for r in _csv(chain_dir / "trust.csv")}
     for scheme in SMOKE.schemes:
         mine = [r for r in runs if r["scheme"] == scheme]
         for key in ("agent_updates", "accepted", "bound"):
             assert int(trust[scheme][key]) == sum(int(r[key]) for r in mine), (scheme, key)
     assert sum(int(t["bound"]) for t in trust.values()) > 0  # lr 3e-2 with δ 0.03: the full step often breaks δ
-    checks = {r["criterion"]: r for r in _csv(bench_dir / "checks.csv")}
+    checks = {r["criterion"]: r for r in _csv(chain_dir / "checks.csv")}
     assert checks["teamtr: accepted updates with KL ≤ δ"]["ok"] == "True"
     assert checks["drift (b) naive / teamtr at n = 3"]["ok"] == "n/a"  # only decided at n = 8
 
@@ -167,7 +167,7 @@ def test_trust_counts_by_hand() -> None:
     assert got == dict(agent_updates=3, accepted=2, bound=2, kl_over=1, kl_max_ratio=pytest.approx(1.2))
 
 
-def test_drift_matches_chain_functions_on_the_same_snapshots(bench_dir: Path) -> None:
+def test_drift_matches_chain_functions_on_the_same_snapshots(chain_dir: Path) -> None:
     team = ChainTeam(chain_config(SMOKE, 2, 0))
     warm_start(team)
     warm = [team.adapter_state(i) for i in range(2)]
@@ -175,8 +175,8 @@ def test_drift_matches_chain_functions_on_the_same_snapshots(bench_dir: Path) ->
     assert rec.orders[0] == [0, 1] and len(rec.snaps[0]) == 3
     assert rows[1]["drift_b"] == drift_b(rec.snaps[0], [0, 1], "fresh")
     assert rows[1]["drift_d"] == drift_d(rec.snaps[0], [0, 1], "fresh")
-    # the bench's runs.csv holds the same numbers (deterministic runs, exact float round trip)
-    written = [r for r in _csv(bench_dir / "runs.csv") if (r["n"], r["scheme"], r["seed"]) == ("2", "teamtr", "0")]
+    # the experiment's runs.csv holds the same numbers (deterministic runs, exact float round trip)
+    written = [r for r in _csv(chain_dir / "runs.csv") if (r["n"], r["scheme"], r["seed"]) == ("2", "teamtr", "0")]
     assert [float(r["drift_b"] or "nan") for r in written][1:] == [r["drift_b"] for r in rows][1:]
     assert [float(r["J"]) for r in written] == [r["J"] for r in rows]
 
@@ -190,44 +190,48 @@ def test_drift_matches_chain_functions_on_the_same_snapshots(bench_dir: Path) ->
 
 
 def test_resume_skips_complete_runs_and_refuses_another_config(
-    bench_dir: Path, capsys: pytest.CaptureFixture[str]
+    chain_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    before = (bench_dir / "runs.csv").read_text()
-    run_bench(SMOKE, bench_dir, progress=True)
-    assert "bench n=" not in capsys.readouterr().err  # nothing retrained
-    assert (bench_dir / "runs.csv").read_text() == before
+    before = (chain_dir / "runs.csv").read_text()
+    run_chain_experiment(SMOKE, chain_dir)
+    assert "chain n=" not in capsys.readouterr().err  # nothing retrained
+    assert (chain_dir / "runs.csv").read_text() == before
     with pytest.raises(FileExistsError):
-        run_bench(BenchConfig.smoke(seeds=3), bench_dir, progress=False)
+        run_chain_experiment(ChainExperimentConfig.smoke(seeds=3), chain_dir, say=lambda _line: None)
 
 
-def test_cli_bench_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_experiment_chain_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestra.cli import main
 
     out = tmp_path / "cli"
-    rc = main(["bench", "teamtr", "--smoke", "--ns", "2", "--schemes", "teamtr", "naive", "--out", str(out), "--quiet"])
+    rc = main(
+        ["experiment", "chain", "--smoke", "--ns", "2", "--schemes", "teamtr", "naive", "--out", str(out), "--quiet"]
+    )
     assert rc == 0
     assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
     assert (out / "summary.md").exists() and (out / "drift.png").exists()
-    for cmd in (["bench"], ["bench", "teamtr"]):
+    for cmd in (["experiment"], ["experiment", "chain"]):
         with pytest.raises(SystemExit) as e:
             main([*cmd, "--help"])
         assert e.value.code == 0
         assert f"usage: orchestra {' '.join(cmd)}" in capsys.readouterr().out
 
 
-def test_demo_phase2_runs_bench_and_align_and_resumes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``orchestra demo --phases 2``: the demo-scale bench (every scheme) and a Stage-0 swap; a rerun reuses both."""
+def test_demo_phase2_runs_the_chain_experiment_and_align_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``orchestra demo --phases 2``: the demo-scale chain experiment (every scheme) and a Stage-0 swap; a rerun reuses both."""
     from orchestra.cli import main
 
     assert main(["demo", "--phases", "2", "--out", str(tmp_path), "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "Phase 2 (demo scale)" in text and "Acceptance criteria" in text and "recovered fraction" in text
-    bench = tmp_path / "phase2" / "bench"
-    assert {r["scheme"] for r in _csv(bench / "runs.csv")} == {"teamtr", "naive", "joint", "happo"}
+    chain = tmp_path / "phase2" / "chain"
+    assert {r["scheme"] for r in _csv(chain / "runs.csv")} == {"teamtr", "naive", "joint", "happo"}
     report = json.loads((tmp_path / "phase2" / "align" / "report.json").read_text())
-    runs_before = (bench / "runs.csv").read_bytes()
+    runs_before = (chain / "runs.csv").read_bytes()
     assert main(["demo", "--phases", "2", "--out", str(tmp_path), "--quiet"]) == 0
-    assert (bench / "runs.csv").read_bytes() == runs_before  # resumed: nothing re-run
+    assert (chain / "runs.csv").read_bytes() == runs_before  # resumed: nothing re-run
     assert json.loads((tmp_path / "phase2" / "align" / "report.json").read_text()) == report
     assert "swap shock" in capsys.readouterr().out
 
@@ -237,9 +241,9 @@ def test_demo_phase2_runs_bench_and_align_and_resumes(tmp_path: Path, capsys: py
 
 
 def test_controls_have_teamtr_s_data_volume() -> None:
-    """stale_indep (a trainer scheme) and naive_bigB (a bench variant: naive with n × the batch) sample teamtr's
+    """stale_indep (a trainer scheme) and naive_bigB (a chain variant: naive with n × the batch) sample teamtr's
     episodes per stage, so the equal-episodes accounting reads them at equal stages."""
-    cfg = BenchConfig.demo(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"))
+    cfg = ChainExperimentConfig.demo(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"))
     big = trainer_config(cfg, 4, 0, "naive_bigB")
     assert big.scheme == "naive" and big.batch_size == 4 * cfg.batch_size and big.num_stages == cfg.num_stages
     indep = trainer_config(cfg, 4, 0, "stale_indep")
@@ -248,11 +252,11 @@ def test_controls_have_teamtr_s_data_volume() -> None:
 
 
 def test_stale_gap_certificate_and_alpha_readings(tmp_path: Path) -> None:
-    from orchestra.teamtr.bench.analysis import drift_terms
+    from orchestra.experiments.chain.analysis import drift_terms
     from orchestra.teamtr.chain import exact_success_with, exact_surrogate, policy_matrices, stale_gap_terms
 
-    cfg = BenchConfig.smoke(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"), ns=(2, 3, 4))
-    result = run_bench(cfg, tmp_path, progress=False)
+    cfg = ChainExperimentConfig.smoke(schemes=("teamtr", "naive", "stale_indep", "naive_bigB"), ns=(2, 3, 4))
+    result = run_chain_experiment(cfg, tmp_path, say=lambda _line: None)
     rows = _csv(tmp_path / "runs.csv")
     gaps = {s: [float(r["stale_gap"]) for r in rows if r["scheme"] == s and r["stage"] != "0"] for s in cfg.schemes}
     assert all(g == 0.0 for g in gaps["teamtr"])  # a fresh batch has no stale gap

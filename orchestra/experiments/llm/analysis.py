@@ -1,4 +1,4 @@
-"""The tables of the real-LLM fine-tuning benchmark, from its per-task ``evals.csv`` rows (pure functions).
+"""The tables of the real-LLM fine-tuning experiment, from its per-task ``evals.csv`` rows (pure functions).
 
 The unit of every paired comparison is the held-out *task*: every evaluation played the same tasks with the same
 episode seeds. For scheme A against B (the frozen team, or another scheme) at one accounting, task t gives
@@ -21,14 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
+from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 
 ACCOUNTINGS = ("equal_stages", "equal_episodes", "equal_updates")
 MEASURES = ("success", "return")
 
 
-def accounting_stage(cfg: FinetuneBenchConfig, scheme: str, accounting: str) -> int | None:
-    """The stage a scheme is read at: ``num_stages`` (equal stages), :meth:`~FinetuneBenchConfig.episode_stage`
+def accounting_stage(cfg: LLMExperimentConfig, scheme: str, accounting: str) -> int | None:
+    """The stage a scheme is read at: ``num_stages`` (equal stages), :meth:`~LLMExperimentConfig.episode_stage`
     (equal sampled episodes: teamtr's episode count at ``num_stages``) or ``long_stages`` (the equal-updates control;
     None when it is off); 0 for the frozen team."""
     if accounting == "equal_updates" and cfg.long_stages is None:
@@ -100,7 +100,7 @@ def _holm_in_place(table: list[dict[str, Any]], group: str) -> None:
             r["p_holm"] = h
 
 
-def training_curves(runs_dir: Path, cfg: FinetuneBenchConfig) -> list[dict[str, Any]]:
+def training_curves(runs_dir: Path, cfg: LLMExperimentConfig) -> list[dict[str, Any]]:
     """Per (scheme, seed, update): the mean reward of the batch it trained on and the episodes sampled so far, from
     each run directory's ``updates.csv`` (missing runs are skipped)."""
     out: list[dict[str, Any]] = []
@@ -118,7 +118,7 @@ def training_curves(runs_dir: Path, cfg: FinetuneBenchConfig) -> list[dict[str, 
 
 
 def analyse(
-    cfg: FinetuneBenchConfig, rows: Sequence[dict[str, Any]], runs_dir: Path
+    cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], runs_dir: Path
 ) -> dict[str, list[dict[str, Any]]]:
     """Every table: ``final`` (each scheme at each accounting), ``vs_frozen``, ``pairwise``, ``curves`` (held-out
     success per evaluation stage) and ``training`` (training-batch reward per update)."""

@@ -1,4 +1,4 @@
-"""The real-LLM fine-tuning benchmark's report: ``summary.md`` (the setting, every table and a reading generated from
+"""The real-LLM fine-tuning experiment's report: ``summary.md`` (the setting, every table and a reading generated from
 them, as named sections) and ``learning_curves.png``."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.teamtr.bench.report import _cell, _pval
-from orchestra.teamtr.llmbench.analysis import ACCOUNTINGS, acceptance
-from orchestra.teamtr.llmbench.config import FROZEN, FULL_VOLUME, FinetuneBenchConfig
+from orchestra.experiments.harness import FULL_VOLUME, Sections, cell, pval
+from orchestra.experiments.llm.analysis import ACCOUNTINGS, acceptance
+from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",
@@ -21,7 +21,7 @@ _ACCOUNTING_TEXT = {
 }
 
 
-def _acc_text(cfg: FinetuneBenchConfig, accounting: str) -> str:
+def _acc_text(cfg: LLMExperimentConfig, accounting: str) -> str:
     return _ACCOUNTING_TEXT[accounting].format(S=cfg.num_stages, L=cfg.long_stages, n=cfg.n_agents)
 
 
@@ -29,7 +29,7 @@ def _pct(v: float) -> str:
     return "—" if math.isnan(v) else f"{100 * v:+.1f}"
 
 
-def _setting(cfg: FinetuneBenchConfig, seconds: float | None) -> list[str]:
+def _setting(cfg: LLMExperimentConfig, seconds: float | None) -> list[str]:
     team, tr = cfg.team, cfg.trainer
     steps = " → ".join(team.pipeline) if team.pipeline else f"the team file's {team.conductor!r} schedule"
     return [
@@ -64,7 +64,7 @@ def _setting(cfg: FinetuneBenchConfig, seconds: float | None) -> list[str]:
     ]
 
 
-def _final(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _final(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     lines = [
         "## Held-out success and cost, per accounting",
         "",
@@ -84,7 +84,7 @@ def _final(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) ->
         ]
         for r in rows:
             lines.append(
-                f"| {r['scheme']} | {r['stage']} | {r['success']:.1%} | {_cell(r['success_seed_sd'])} | "
+                f"| {r['scheme']} | {r['stage']} | {r['success']:.1%} | {cell(r['success_seed_sd'])} | "
                 f"{r['ret']:.3f} | {r['episodes']:.0f} | {r['tokens']:.0f} | {r['train_seconds'] / 60:.1f} | "
                 f"{r['eval_tokens']:.1f} |"
             )
@@ -92,7 +92,7 @@ def _final(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) ->
     return lines
 
 
-def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfig, against: str | None) -> list[str]:
+def _paired(title: str, table: Sequence[dict[str, Any]], cfg: LLMExperimentConfig, against: str | None) -> list[str]:
     lines = [
         f"## {title}",
         "",
@@ -110,7 +110,7 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
             rows = [r for r in table if r["accounting"] == accounting and r["measure"] == measure]
             if not rows:
                 continue
-            fmt = _pct if measure == "success" else (lambda v: _cell(v))
+            fmt = _pct if measure == "success" else (lambda v: cell(v))
             lines += [
                 f"**{measure}, {_acc_text(cfg, accounting)}**",
                 "",
@@ -123,15 +123,15 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: FinetuneBenchConfi
                 if measure == "success":
                     per_seed = " ".join(f"{100 * float(v):+.1f}" for v in per_seed.split())
                 lines.append(
-                    f"| {name} | {fmt(r['diff'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] | {_pval(r['p'])} | "
-                    f"{_pval(r['p_holm'])} | {fmt(r['mdd'])} | {r['won']} / {r['lost']} | {per_seed} | "
-                    f"{_pval(r['p_seeds'])} |"
+                    f"| {name} | {fmt(r['diff'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] | {pval(r['p'])} | "
+                    f"{pval(r['p_holm'])} | {fmt(r['mdd'])} | {r['won']} / {r['lost']} | {per_seed} | "
+                    f"{pval(r['p_seeds'])} |"
                 )
             lines.append("")
     return lines
 
 
-def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Sentences the tables support, generated from them (nothing here is typed by hand)."""
     lines = ["## What the numbers show, and what they do not", ""]
     verdict = acceptance(tables)
@@ -153,14 +153,14 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         if verdict.get(accounting):
             lines.append(
                 f"- At {text}, teamtr improves held-out success over the frozen team by {_pct(row['diff'])} points "
-                f"(95% CI [{_pct(row['lo'])}, {_pct(row['hi'])}], Holm p {_pval(row['p_holm'])}); per seed "
-                f"{row['per_seed']}, p over seeds {_pval(row['p_seeds'])}."
+                f"(95% CI [{_pct(row['lo'])}, {_pct(row['hi'])}], Holm p {pval(row['p_holm'])}); per seed "
+                f"{row['per_seed']}, p over seeds {pval(row['p_seeds'])}."
             )
         else:
             lines.append(
                 f"- At {text}, teamtr does NOT improve held-out success over the frozen team with a 95% interval "
                 f"above 0: Δ {_pct(row['diff'])} points, CI [{_pct(row['lo'])}, {_pct(row['hi'])}], Holm p "
-                f"{_pval(row['p_holm'])}. "
+                f"{pval(row['p_holm'])}. "
                 + (
                     f"With {row['tasks']} tasks the test detects a true Δ of {_pct(row['mdd']).lstrip('+')} points "
                     "with 80% power; smaller effects are neither shown nor ruled out."
@@ -177,7 +177,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         if gains:
             listed = "; ".join(
                 f"{r['scheme']} {_pct(r['diff'])} points [{_pct(r['lo'])}, {_pct(r['hi'])}] (Holm p "
-                f"{_pval(r['p_holm'])}; per seed {_seed_text(r)})"
+                f"{pval(r['p_holm'])}; per seed {_seed_text(r)})"
                 for r in gains
             )
             lines.append(
@@ -199,7 +199,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         text = _acc_text(cfg, accounting)
         if sig:
             pairs = "; ".join(
-                f"{r['scheme']} − {r['vs']} {_pct(r['diff'])} points (Holm p {_pval(r['p_holm'])})" for r in sig
+                f"{r['scheme']} − {r['vs']} {_pct(r['diff'])} points (Holm p {pval(r['p_holm'])})" for r in sig
             )
             lines.append(f"- Scheme differences in success that survive Holm at {text}: {pairs}.")
         elif any(r["accounting"] == accounting for r in tables["pairwise"]):
@@ -221,8 +221,8 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
         )
         lines.append(
             f"- Control, {r['scheme']} − {r['vs']}: {_pct(r['diff'])} points at equal sampled episodes (Holm p "
-            f"{_pval(r['p_holm'])}), {_pct(same['diff'])} points [{_pct(same['lo'])}, {_pct(same['hi'])}] at "
-            f"{_acc_text(cfg, 'equal_updates')} (Holm p {_pval(same['p_holm'])}): the equal-episodes difference "
+            f"{pval(r['p_holm'])}), {_pct(same['diff'])} points [{_pct(same['lo'])}, {_pct(same['hi'])}] at "
+            f"{_acc_text(cfg, 'equal_updates')} (Holm p {pval(same['p_holm'])}): the equal-episodes difference "
             + (f"{kept} when the updates are equal" if r["p_holm"] < 0.05 else "was not significant to begin with")
             + f" (over tasks). Over seeds, at equal updates: {_seed_text(same)}."
         )
@@ -237,7 +237,7 @@ def _reading(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) 
     return lines
 
 
-def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+def _freshness_control(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The ``stale_indep`` control against teamtr, where both ran: the same episodes and updates per worker, each
     worker learning from a batch of its own, differing only in who sampled it (teamtr: the team with the previous
     workers' updates of this stage; stale_indep: the stage-start team). Read at equal stages and at equal updates,
@@ -268,7 +268,7 @@ def _freshness_control(cfg: FinetuneBenchConfig, tables: dict[str, list[dict[str
             f"- Freshness control after {stage} stages, teamtr − stale_indep (the same episodes and updates per "
             "worker, each worker with a batch of its own; only the sampler differs: the team as updated by the "
             f"stage's previous workers, or the stage-start team): {_pct(d)} points [{_pct(lo)}, {_pct(hi)}], "
-            f"Holm p {_pval(row['p_holm'])}; {reading}. Over seeds: {seeds}."
+            f"Holm p {pval(row['p_holm'])}; {reading}. Over seeds: {seeds}."
         )
     return lines
 
@@ -284,7 +284,7 @@ def _seed_text(row: Mapping[str, Any]) -> str:
         agree = "no seed shows a difference"
     else:
         agree = "the seeds do not agree in sign"
-    return f"{' / '.join(f'{100 * v:+.1f}' for v in d)} points ({agree}), p over seeds {_pval(row['p_seeds'])}"
+    return f"{' / '.join(f'{100 * v:+.1f}' for v in d)} points ({agree}), p over seeds {pval(row['p_seeds'])}"
 
 
 def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
@@ -303,11 +303,11 @@ def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
 
 
 def summary_sections(
-    cfg: FinetuneBenchConfig,
+    cfg: LLMExperimentConfig,
     tables: dict[str, list[dict[str, Any]]],
     seconds: float | None,
     missing: Sequence[tuple[str, int, int]] = (),
-) -> dict[str, list[str]]:
+) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
     yet), final, vs_frozen, pairwise, reading, files."""
     return {
@@ -328,7 +328,7 @@ def summary_sections(
 
 
 def plot(
-    cfg: FinetuneBenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
+    cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
 ) -> None:
     """``learning_curves.png``: held-out success against sampled episodes (mean over seeds, seeds as dots) and the
     training batches' mean reward against sampled episodes."""

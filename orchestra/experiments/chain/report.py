@@ -1,4 +1,4 @@
-"""The telephone-chain benchmark's report: ``summary.md`` (the config and every table, as named sections) and the
+"""The telephone-chain experiment's report: ``summary.md`` (the config and every table, as named sections) and the
 plots (``learning_curves.png``, ``drift.png``)."""
 
 from __future__ import annotations
@@ -11,21 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.teamtr.bench.analysis import REGRESSION_THRESHOLDS, run_curves
-from orchestra.teamtr.bench.config import BenchConfig
+from orchestra.experiments.chain.analysis import REGRESSION_THRESHOLDS, run_curves
+from orchestra.experiments.chain.config import ChainExperimentConfig
+from orchestra.experiments.harness import Sections, cell, pval
 
 
-def _cell(v: Any, digits: int = 3) -> str:
-    if isinstance(v, float):
-        return "—" if math.isnan(v) else f"{v:.{digits}f}"
-    return str(v)
-
-
-def _pval(v: float) -> str:
-    return "—" if math.isnan(v) else f"{v:.2g}"
-
-
-def _pivot(table: Sequence[dict[str, Any]], cfg: BenchConfig, fmt: Any, accounting: str | None = None) -> list[str]:
+def _pivot(
+    table: Sequence[dict[str, Any]], cfg: ChainExperimentConfig, fmt: Any, accounting: str | None = None
+) -> list[str]:
     """Markdown table: one row per n, one column per scheme."""
     lines = ["| n | " + " | ".join(cfg.schemes) + " |", "|---|" + "---|" * len(cfg.schemes)]
     by = {(r["n"], r["scheme"]): r for r in table if accounting is None or r.get("accounting") == accounting}
@@ -35,19 +28,19 @@ def _pivot(table: Sequence[dict[str, Any]], cfg: BenchConfig, fmt: Any, accounti
     return lines
 
 
-def _delta(cfg: BenchConfig) -> str:
+def _delta(cfg: ChainExperimentConfig) -> str:
     d = cfg.trainer.delta
     return f"{d:g}" if isinstance(d, float | int) else "/".join(f"{x:g}" for x in d)
 
 
 def summary_sections(
-    cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
-) -> dict[str, list[str]]:
+    cfg: ChainExperimentConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
+) -> Sections:
     """``summary.md`` as named sections of lines, in order: ``header``, then per accounting (``equal_stages``,
     ``equal_episodes``) ``J:…``, ``paired:…`` and ``stages:…``, then ``regressions``, ``drift``, ``alpha``, ``trust``,
     ``checks`` and ``files``. A caller can show some of them (the demo prints the equal-stage J and the checks)."""
     n_max = max(cfg.ns)
-    out: dict[str, list[str]] = {}
+    out: Sections = {}
     out["header"] = [
         "# TeamTR telephone-chain benchmark",
         "",
@@ -61,13 +54,13 @@ def summary_sections(
     ]
 
     def j_cell(r: dict[str, Any]) -> str:
-        return f"{_cell(r['J_mean'])}±{_cell(r['J_sd'])}"
+        return f"{cell(r['J_mean'])}±{cell(r['J_sd'])}"
 
     def diff_cell(r: dict[str, Any]) -> str:
-        return f"{_cell(r['diff_vs_teamtr_mean'], 3)}±{_cell(r['diff_vs_teamtr_se'], 3)}"
+        return f"{cell(r['diff_vs_teamtr_mean'], 3)}±{cell(r['diff_vs_teamtr_se'], 3)}"
 
     def stage_cell(r: dict[str, Any]) -> str:
-        return f"{_cell(r['stage_mean'], 1)} ({_cell(r['episodes_mean'], 0)} ep)"
+        return f"{cell(r['stage_mean'], 1)} ({cell(r['episodes_mean'], 0)} ep)"
 
     for accounting, title in (
         ("equal_stages", f"equal stages (stage {cfg.num_stages})"),
@@ -87,8 +80,8 @@ def summary_sections(
                 "",
                 "| vs | seeds | teamtr − it (mean ± SE) | p | p (Holm) |",
                 "|---|---:|---:|---:|---:|",
-                *(f"| {r['vs']} | {r['seeds']} | {_cell(r['diff_mean'], 3)} ± {_cell(r['diff_se'], 3)} | "
-                  f"{_pval(r['p'])} | {_pval(r['p_holm'])} |" for r in tests),
+                *(f"| {r['vs']} | {r['seeds']} | {cell(r['diff_mean'], 3)} ± {cell(r['diff_se'], 3)} | "
+                  f"{pval(r['p'])} | {pval(r['p_holm'])} |" for r in tests),
                 "",
             ]  # fmt: skip
         out[f"stages:{accounting}"] = ["Stage read (mean) and cumulative episodes:", ""]
@@ -98,18 +91,18 @@ def summary_sections(
         lines += [
             f"## Regressions: fraction of stages where exact J fell by more than {thr:g} (first {cfg.num_stages})"
         ]
-        lines += [""] + _pivot(tables["regressions"], cfg, lambda r, t=thr: _cell(r[f"regress_{t:g}"])) + [""]
+        lines += [""] + _pivot(tables["regressions"], cfg, lambda r, t=thr: cell(r[f"regress_{t:g}"])) + [""]
     out["regressions"] = lines
     lines = []
     for kind, label in (("drift_b", "(b)"), ("drift_d", "(d)")):
         lines += [f"## Drift {label}, mean ± sd over seeds of the mean over the first {cfg.drift_stages} stages", ""]
-        lines += _pivot(tables["drift"], cfg, lambda r, k=kind: f"{_cell(r[k], 4)}±{_cell(r[k + '_sd'], 4)}") + [""]
+        lines += _pivot(tables["drift"], cfg, lambda r, k=kind: f"{cell(r[k], 4)}±{cell(r[k + '_sd'], 4)}") + [""]
     lines += [
         f"## Stale gap (exact): |L(batch's team) − L(team acted in)| of each update's own change, mean over the "
         f"stage's updates, mean ± sd over seeds of the first {cfg.drift_stages} stages (teamtr: 0 by construction)",
         "",
     ]
-    lines += _pivot(tables["drift"], cfg, lambda r: f"{_cell(r['stale_gap'], 5)}±{_cell(r['stale_gap_sd'], 5)}")
+    lines += _pivot(tables["drift"], cfg, lambda r: f"{cell(r['stale_gap'], 5)}±{cell(r['stale_gap_sd'], 5)}")
     lines.append("")
     out["drift"] = lines
     out["alpha"] = [
@@ -121,8 +114,8 @@ def summary_sections(
     ]
     for r in tables["alpha"]:
         out["alpha"].append(
-            f"| {r['scheme']} | {_cell(r['alpha_b'], 2)} | {_cell(r['alpha_d'], 2)} | "
-            f"{_cell(r[f'ratio_b_vs_teamtr_at_n{n_max}'], 2)} | {_cell(r[f'ratio_d_vs_teamtr_at_n{n_max}'], 2)} |"
+            f"| {r['scheme']} | {cell(r['alpha_b'], 2)} | {cell(r['alpha_d'], 2)} | "
+            f"{cell(r[f'ratio_b_vs_teamtr_at_n{n_max}'], 2)} | {cell(r[f'ratio_d_vs_teamtr_at_n{n_max}'], 2)} |"
         )
     out["alpha"] += [
         "",
@@ -137,9 +130,9 @@ def summary_sections(
     ]
     for r in tables["alpha"]:
         out["alpha"].append(
-            f"| {r['scheme']} | {_cell(r['alpha_b_without_n2'], 2)} | {_cell(r['alpha_d_without_n2'], 2)} | "
-            f"{_cell(r['alpha_b_vs_terms'], 2)} | {_cell(r[f'per_term_b_at_n{n_max}'], 4)} | "
-            f"{_cell(r[f'per_term_ratio_vs_teamtr_at_n{n_max}'], 2)} |"
+            f"| {r['scheme']} | {cell(r['alpha_b_without_n2'], 2)} | {cell(r['alpha_d_without_n2'], 2)} | "
+            f"{cell(r['alpha_b_vs_terms'], 2)} | {cell(r[f'per_term_b_at_n{n_max}'], 4)} | "
+            f"{cell(r[f'per_term_ratio_vs_teamtr_at_n{n_max}'], 2)} |"
         )
     out["alpha"].append("")
     out["certificate"] = [
@@ -151,8 +144,8 @@ def summary_sections(
         "| scheme | stages | Spearman | Pearson | share Ĉ ≤ ΔJ | mean Ĉ | mean ΔJ |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *(
-            f"| {r['scheme']} | {r['stages']} | {_cell(r['spearman'], 2)} | {_cell(r['pearson'], 2)} | "
-            f"{_cell(r['below'], 2)} | {_cell(r['certificate_mean'], 4)} | {_cell(r['delta_j_mean'], 4)} |"
+            f"| {r['scheme']} | {r['stages']} | {cell(r['spearman'], 2)} | {cell(r['pearson'], 2)} | "
+            f"{cell(r['below'], 2)} | {cell(r['certificate_mean'], 4)} | {cell(r['delta_j_mean'], 4)} |"
             for r in tables["certificate"]
         ),
         "",
@@ -166,8 +159,8 @@ def summary_sections(
     for r in tables["trust"]:
         share = r["bound"] / r["agent_updates"] if r["agent_updates"] else math.nan
         out["trust"].append(
-            f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({_cell(share * 100, 1)}%) | "
-            f"{r['kl_over']} | {_cell(r['kl_max_ratio'], 3)} |"
+            f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({cell(share * 100, 1)}%) | "
+            f"{r['kl_over']} | {cell(r['kl_max_ratio'], 3)} |"
         )
     out["trust"].append("")
     out["checks"] = [
@@ -191,19 +184,9 @@ def summary_sections(
     return out
 
 
-def summary_markdown(
-    cfg: BenchConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
-) -> str:
-    """``summary.md``: the config and every table (:func:`summary_sections`, in order)."""
-    return join_sections(summary_sections(cfg, tables, seconds, reused, total))
-
-
-def join_sections(sections: dict[str, list[str]], names: Sequence[str] | None = None) -> str:
-    """Markdown of the named sections (default: all, in order)."""
-    return "\n".join(line for name in (names or list(sections)) for line in sections[name])
-
-
-def plot(cfg: BenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path) -> None:
+def plot(
+    cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
+) -> None:
     """``learning_curves.png`` (J vs cumulative episodes, mean ± sd per n) and ``drift.png`` (log-log with fits)."""
     import matplotlib
 
@@ -243,7 +226,7 @@ def plot(cfg: BenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, lis
             if not keep.any():
                 continue
             a = alphas[scheme][f"alpha_{kind[-1]}"]
-            (line,) = ax.loglog(ns[keep], y[keep], "o", label=f"{scheme} α={_cell(a, 2)}")
+            (line,) = ax.loglog(ns[keep], y[keep], "o", label=f"{scheme} α={cell(a, 2)}")
             if math.isfinite(a):
                 c = float(np.exp(np.mean(np.log(y[keep]) - a * np.log(ns[keep]))))
                 ax.loglog(ns, c * ns**a, "-", color=line.get_color(), alpha=0.6)
@@ -255,4 +238,4 @@ def plot(cfg: BenchConfig, rows: Sequence[dict[str, Any]], tables: dict[str, lis
     plt.close(fig)
 
 
-__all__ = ["join_sections", "plot", "summary_markdown", "summary_sections"]
+__all__ = ["plot", "summary_sections"]

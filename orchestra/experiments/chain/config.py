@@ -1,31 +1,29 @@
-"""The telephone-chain benchmark's config: which chains, schemes and seeds, composed with the ``TeamTRConfig`` every
+"""The telephone-chain experiment's config: which chains, schemes and seeds, composed with the ``TeamTRConfig`` every
 run trains with (one source of the trainer's settings: :data:`~orchestra.teamtr.config.CHAIN_TRAINER`)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestra.experiments.harness import config_json, episode_stage
 from orchestra.teamtr.chain import ChainConfig
 from orchestra.teamtr.config import CHAIN_TRAINER, SCHEMES, Scheme, TeamTRConfig, derive_seed
 
 # controls that are not trainer schemes: naive with n × the batch (equal episodes per stage, every one stale)
-BENCH_VARIANTS: tuple[str, ...] = ("naive_bigB",)
-# schemes that sample n batches' worth of episodes per stage, as teamtr: equal episodes at equal stages
-FULL_VOLUME: frozenset[str] = frozenset({"teamtr", "stale_indep", "naive_bigB"})
+CHAIN_VARIANTS: tuple[str, ...] = ("naive_bigB",)
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    """Every knob of the telephone-chain benchmark (defaults: the study's main setting, scaled to LoRA LMs).
+class ChainExperimentConfig:
+    """Every knob of the telephone-chain experiment (defaults: the study's main setting, scaled to LoRA LMs).
 
-    ``trainer`` is the config of every run; per run the benchmark sets its ``scheme``, its ``num_stages``
+    ``trainer`` is the config of every run; per run the experiment sets its ``scheme``, its ``num_stages``
     (:meth:`stages_for`) and its ``seed`` (derived from ``seed``, n and the run's seed), and reads the equal-stages
     accounting at ``trainer.num_stages``."""
 
     ns: tuple[int, ...] = (2, 3, 4, 6, 8)  # chain lengths n
-    schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes or BENCH_VARIANTS compared
+    schemes: tuple[str, ...] = ("teamtr", "naive", "joint", "happo")  # trainer schemes or CHAIN_VARIANTS compared
     seeds: int = 8  # seeds per (n, scheme); seed s gives the same init for every scheme (paired)
     trainer: TeamTRConfig = field(default_factory=lambda: CHAIN_TRAINER)  # the trainer of every run (see above)
     extend_for_episodes: bool = True  # non-teamtr schemes run n × the stages (equal-episodes accounting)
@@ -39,9 +37,9 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not self.ns or any(n < 1 for n in self.ns):
             raise ValueError(f"ns must be non-empty, each ≥ 1, got {self.ns}")
-        bad = [s for s in self.schemes if s not in (*SCHEMES, *BENCH_VARIANTS)]
+        bad = [s for s in self.schemes if s not in (*SCHEMES, *CHAIN_VARIANTS)]
         if not self.schemes or bad:
-            raise ValueError(f"unknown schemes {bad}; expected some of {(*SCHEMES, *BENCH_VARIANTS)}")
+            raise ValueError(f"unknown schemes {bad}; expected some of {(*SCHEMES, *CHAIN_VARIANTS)}")
         if self.seeds < 1 or self.num_stages < 1 or self.drift_stages < 1:
             raise ValueError("need seeds ≥ 1, num_stages ≥ 1 and drift_stages ≥ 1")
 
@@ -56,7 +54,7 @@ class BenchConfig:
         return self.trainer.batch_size
 
     @classmethod
-    def smoke(cls, **overrides: Any) -> BenchConfig:
+    def smoke(cls, **overrides: Any) -> ChainExperimentConfig:
         """A tiny preset for tests and the demo: n ∈ {2, 3}, teamtr vs naive, 1 seed, 2 stages, V = 4, B = 32."""
         trainer = replace(CHAIN_TRAINER, num_stages=2, batch_size=32, num_epochs=1)
         base = cls(
@@ -65,24 +63,23 @@ class BenchConfig:
         return replace(base, **overrides)
 
     @classmethod
-    def demo(cls, **overrides: Any) -> BenchConfig:
+    def demo(cls, **overrides: Any) -> ChainExperimentConfig:
         """``orchestra demo``'s phase 2: n ∈ {2, 4}, all four schemes, 2 seeds, 6 stages (about a minute on 2 cores)."""
         return replace(
             cls(ns=(2, 4), seeds=2, trainer=replace(CHAIN_TRAINER, num_stages=6), drift_stages=3), **overrides
         )
 
     def stages_for(self, scheme: str, n: int) -> int:
-        """Stages a (scheme, n) run trains for: the schemes that sample teamtr's n batches per stage (``FULL_VOLUME``)
-        run ``num_stages``; the others n × that with ``extend_for_episodes`` (equal sampled episodes)."""
-        return self.num_stages if scheme in FULL_VOLUME or not self.extend_for_episodes else n * self.num_stages
+        """Stages a (scheme, n) run trains for: where it has sampled teamtr's episodes at ``num_stages``
+        (:func:`~orchestra.experiments.harness.episode_stage`)."""
+        return episode_stage(scheme, n, self.num_stages, self.extend_for_episodes)
 
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
-        out: dict[str, Any] = json.loads(json.dumps(asdict(self)))
-        return out
+        return config_json(self)
 
 
-def chain_config(cfg: BenchConfig, n: int, seed: int) -> ChainConfig:
+def chain_config(cfg: ChainExperimentConfig, n: int, seed: int) -> ChainConfig:
     """The chain of run (n, seed): the same for every scheme (paired comparisons)."""
     return ChainConfig(
         n_agents=n,
@@ -94,7 +91,7 @@ def chain_config(cfg: BenchConfig, n: int, seed: int) -> ChainConfig:
     )
 
 
-def trainer_config(cfg: BenchConfig, n: int, seed: int, scheme: str) -> TeamTRConfig:
+def trainer_config(cfg: ChainExperimentConfig, n: int, seed: int, scheme: str) -> TeamTRConfig:
     """The trainer config of run (n, scheme, seed): ``cfg.trainer`` with this run's scheme, stages and seed (the seed
     depends on (n, seed) only, so every scheme of a (n, seed) pair shares it). ``naive_bigB`` is naive with n × the
     batch (teamtr's episodes per stage, all of them stale)."""
@@ -109,4 +106,4 @@ def trainer_config(cfg: BenchConfig, n: int, seed: int, scheme: str) -> TeamTRCo
     )
 
 
-__all__ = ["BENCH_VARIANTS", "FULL_VOLUME", "BenchConfig", "chain_config", "trainer_config"]
+__all__ = ["CHAIN_VARIANTS", "ChainExperimentConfig", "chain_config", "trainer_config"]

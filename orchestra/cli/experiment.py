@@ -1,0 +1,156 @@
+"""``orchestra experiment chain | llm``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`), TeamTR
+against naive, joint and HAPPO on the telephone chain and on a real LLM team."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from orchestra.cli.options import Command, Opt, add_options, build
+from orchestra.cli.teamtr import engine_options, model_options, team_options
+
+if TYPE_CHECKING:
+    from orchestra.experiments.harness import ExperimentResult
+
+
+def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
+    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob
+
+    esub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    q = esub.add_parser(
+        "chain",
+        help="TeamTR vs naive / joint / HAPPO on the telephone chain: final J, regressions, drift exponents α",
+        epilog=epilog,
+    )
+    add_options(
+        q,
+        ChainExperimentJob(),
+        [
+            "out",
+            Opt("experiment.ns", "--ns"),
+            Opt(
+                "experiment.schemes",
+                "--schemes",
+                help="trainer schemes (teamtr naive joint joint_indep happo stale_indep) "
+                "and controls (naive_bigB: naive with n× the batch)",
+            ),  # fmt: skip
+            Opt("experiment.seeds", "--seeds"),
+            Opt("experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
+            Opt("experiment.trainer.batch_size", "--batch-size"),
+            Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
+            Opt("experiment.trainer.lr", "--lr"),
+            Opt("experiment.warm_pass", "--warm-pass", help=_WARM_PASS),
+            Opt("experiment.trainer.advantage", "--advantage"),
+            Opt(
+                "experiment.trainer.adv_scale",
+                "--no-adv-scale",
+                help="advantages mean-centred only (no division by std)",
+            ),
+            Opt("experiment.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
+            Opt("experiment.seed", "--seed"),
+            Opt("progress", "--quiet", help="no progress output"),
+            "tensorboard",
+        ],
+    )
+    q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
+    f = esub.add_parser(
+        "llm",
+        help="real LLM team: frozen vs teamtr / naive / joint / HAPPO on held-out tasks, paired CIs, both accountings",
+        description=LLM_EXPERIMENT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    add_options(
+        f,
+        LLMExperimentJob(),
+        [
+            "out",
+            Opt("report", "--report", help="also write summary.md here (e.g. docs/results/finetune.md)"),
+            Opt(
+                "experiment.schemes",
+                "--schemes",
+                help="trainer schemes (teamtr naive joint joint_indep happo stale_indep)",
+            ),
+            Opt("experiment.seeds", "--seeds"),
+            Opt("experiment.eval_tasks", "--eval-tasks"),
+            Opt("experiment.eval_split", "--eval-split"),
+            Opt("experiment.eval_every", "--eval-every"),
+            Opt("experiment.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
+            Opt(
+                "experiment.equal_updates_control",
+                "--no-equal-updates-control",
+                help="teamtr stops at --stages (no reading at equal updates with the one-batch schemes' last stage)",
+            ),
+            Opt("experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
+            Opt("experiment.trainer.batch_size", "--batch-size"),
+            Opt("experiment.trainer.lr", "--lr"),
+            Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
+            *team_options("experiment.team"),
+            Opt("experiment.team.workers", "--workers"),
+            *model_options("experiment.team"),
+            *engine_options("experiment.team"),
+            Opt("experiment.team.group_size", "--group-size"),
+            Opt("experiment.seed", "--seed"),
+            "threads",
+            Opt("progress", "--quiet", help="no progress output"),
+            "tensorboard",
+            "report_only",
+        ],
+    )
+    f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
+
+
+_WARM_PASS = (
+    "warm-start per-hop pass probability (0.85: the reliable-agent regime; 0.55: the study's non-saturating regime "
+    "for team success)"
+)
+_NO_EQUAL_EPISODES = "skip the equal-episodes accounting (the schemes that sample one batch per stage run n× shorter)"
+
+
+LLM_EXPERIMENT_DESCRIPTION = """\
+The first real-LLM comparison of phase 2: the trainable LLM workers of a team (default: the arithmetic team's
+solver and critic under the fixed pipeline solve -> calculator check -> critic check -> revise -> calculator check,
+on one-step word problems; SmolLM2 with one LoRA adapter each) trained
+by teamtr, naive, joint and HAPPO, and the frozen team, all played on the same held-out tasks with the same episode
+seeds. Read at equal stages, at equal sampled episodes and, as the control of the latter, at equal updates
+(teamtr run as long as the one-batch schemes); paired 95% CIs over tasks against the frozen team and
+between schemes (Holm-adjusted), the per-seed differences beside them.
+
+Writes OUT/config.json, OUT/evals.csv (one row per evaluation and task), the tables as CSV, learning_curves.png,
+summary.md and OUT/runs/SCHEME-seedS/ (each run's metrics and checkpoints). Resumable: run the same command again;
+the same command with --report-only writes the report of what is there so far, marked interim.
+Tune settings with --eval-split validation; report the test split once per released configuration.
+"""
+
+
+def _cmd_experiment(a: argparse.Namespace) -> int:
+    from orchestra.experiments.chain.config import ChainExperimentConfig
+    from orchestra.experiments.llm.config import LLMExperimentConfig
+    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob, run_chain_job, run_llm_job
+
+    run: Callable[[], ExperimentResult]
+    if a.experiment == "llm":
+        llm = LLMExperimentJob(experiment=LLMExperimentConfig.smoke()) if a.smoke else LLMExperimentJob()
+        run = partial(run_llm_job, build(llm, a))
+    else:
+        chain = ChainExperimentJob(experiment=ChainExperimentConfig.smoke()) if a.smoke else ChainExperimentJob()
+        run = partial(run_chain_job, build(chain, a))
+    try:
+        result = run()
+    except (ValueError, FileExistsError) as e:  # a damaged rows file, another experiment's run directory
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"summary: {result.summary}")
+    return 0
+
+
+EXPERIMENT = {
+    "experiment": Command(
+        "phase 2's experiments: TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team",
+        _experiment,
+        _cmd_experiment,
+    )
+}

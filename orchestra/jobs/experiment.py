@@ -1,0 +1,74 @@
+"""``orchestra experiment chain`` and ``orchestra experiment llm``: the telephone-chain comparison of TeamTR with
+naive, joint and HAPPO (:mod:`orchestra.experiments.chain`) and the real-LLM one (:mod:`orchestra.experiments.llm`),
+as jobs: where they write and whether they talk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestra.experiments.chain.config import ChainExperimentConfig
+from orchestra.experiments.harness import ExperimentResult, stderr_say
+from orchestra.experiments.llm.config import LLMExperimentConfig
+
+
+@dataclass(frozen=True)
+class ChainExperimentJob:
+    """``orchestra experiment chain``: the experiment's config and its run directory."""
+
+    experiment: ChainExperimentConfig = field(default_factory=ChainExperimentConfig)  # chains, schemes, seeds, trainer
+    out: str = "runs/experiment_chain"  # output directory (an existing one of the same config is resumed)
+    progress: bool = True  # one line per finished run on stderr
+    tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
+
+
+def run_chain_job(job: ChainExperimentJob) -> ExperimentResult:
+    import torch
+
+    from orchestra.experiments.chain.run import run_chain_experiment
+
+    torch.set_num_threads(1)  # tiny models are dispatch-bound
+    return run_chain_experiment(job.experiment, job.out, say=stderr_say(job.progress), tensorboard=job.tensorboard)
+
+
+@dataclass(frozen=True)
+class LLMExperimentJob:
+    """``orchestra experiment llm``: the experiment's config, its run directory and the torch threads."""
+
+    experiment: LLMExperimentConfig = field(default_factory=LLMExperimentConfig)  # team, schemes, seeds, held-out tasks
+    out: str = "runs/experiment_llm"  # output directory (an existing one of the same config is resumed)
+    report: str | None = None  # also write summary.md here (and its plot beside it), e.g. docs/results/finetune.md
+    threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
+    progress: bool = True  # one line per evaluation and run on stderr
+    tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
+    # train and play nothing: the report of the evaluations already in OUT (interim while a run is unfinished)
+    report_only: bool = False
+
+
+def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
+    import torch
+
+    from orchestra.experiments.llm.run import run_llm_experiment
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    result = run_llm_experiment(
+        job.experiment, job.out, say=stderr_say(job.progress), tensorboard=job.tensorboard, play=not job.report_only
+    )
+    if job.report:
+        publish(result.summary, Path(job.report))
+    return result
+
+
+def publish(summary: Path, report: Path) -> None:
+    """Copy ``summary.md`` to ``report`` and its ``learning_curves.png`` beside it as ``{report stem}_curves.png``,
+    the image link rewritten."""
+    import shutil
+
+    report.parent.mkdir(parents=True, exist_ok=True)
+    png = f"{report.stem}_curves.png"
+    shutil.copyfile(summary.parent / "learning_curves.png", report.parent / png)
+    report.write_text(summary.read_text().replace("](learning_curves.png)", f"]({png})"))
+
+
+__all__ = ["ChainExperimentJob", "LLMExperimentJob", "publish", "run_chain_job", "run_llm_job"]
