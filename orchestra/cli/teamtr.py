@@ -183,7 +183,7 @@ def _team_options(prefix: str) -> list[Opt]:
 
 
 def _model_options(prefix: str) -> list[Opt]:
-    from orchestra.teamtr.llm_models import DTYPES
+    from orchestra.teamtr.llm_config import DTYPES
 
     return [
         Opt(f"{prefix}.model", "--model"),

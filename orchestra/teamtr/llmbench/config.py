@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from orchestra.teamtr.bench.config import FULL_VOLUME  # schemes sampling n batches per stage, as teamtr
 from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
-from orchestra.teamtr.llm import LLMTeamConfig
+from orchestra.teamtr.llm_config import LLMTeamConfig
 
 # the untrained team, evaluated at stage 0 and compared with every scheme
 FROZEN = "frozen"
