@@ -45,7 +45,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from orchestra.teamtr.config import LLM_CPU_TRAINER, seeded_generator  # noqa: E402
-from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig  # noqa: E402
+from orchestra.teamtr.llm import LLMTeam  # noqa: E402
+from orchestra.teamtr.llm_config import LLMTeamConfig  # noqa: E402
 
 
 def machine() -> str:

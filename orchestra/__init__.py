@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from orchestra.runtime.session import RunOptions
     from orchestra.runtime.team_file import TeamSpec, load_team
     from orchestra.teamtr.config import TeamTRConfig
-    from orchestra.teamtr.llm import LLMTeamConfig
+    from orchestra.teamtr.llm_config import LLMTeamConfig
     from policies.offline import OfflineConfig
 
 # public name → the module that defines it
@@ -69,7 +69,7 @@ _HOME = {
     "FinetuneConfig": "orchestra.jobs.finetune",
     "FinetuneResult": "orchestra.jobs.finetune",
     "TeamTRConfig": "orchestra.teamtr.config",
-    "LLMTeamConfig": "orchestra.teamtr.llm",
+    "LLMTeamConfig": "orchestra.teamtr.llm_config",
 }
 
 

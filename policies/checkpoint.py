@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
-from policies.base import ConductorPolicy, PolicyError
+from policies.base import PolicyError
 from trajectories.durable import atomic_path
 
 FORMAT = "orchestra-conductor/1"
@@ -141,25 +141,3 @@ def open_checkpoint(
     if not path.exists():
         raise PolicyError(f"{folder}: {model_file} missing (an unfinished training run?)")
     return meta, path
-
-
-def load_conductor(
-    path: str | Path,
-    config: TeamEnvConfig,
-    encoder: ObservationEncoder,
-    name: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> ConductorPolicy:
-    """Load any learned conductor checkpoint (d3rlpy or MaskablePPO) for this team and encoder (the loader of its
-    algorithm checks the layout: :func:`open_checkpoint`)."""
-    folder = Path(path)
-    meta = ConductorMeta.load(folder)
-    if meta.algo == "ppo":
-        from policies.online import PPOConductor
-
-        return PPOConductor.load(folder, config, encoder, name=name)
-    from policies.offline import D3RLPY_ALGOS, OfflineConductor
-
-    if meta.algo not in D3RLPY_ALGOS:
-        raise PolicyError(f"{folder / META_FILE}: algo {meta.algo!r} is not one of {(*D3RLPY_ALGOS, 'ppo')}")
-    return OfflineConductor.load(folder, config, encoder, name=name)

@@ -1,12 +1,14 @@
-"""The house's shape: the import contracts hold (and catch a breach), orchestra/ holds only packages, files stay under
-the size guide, and nothing cites a file outside the repository."""
+"""The house's shape: the import contracts hold (and catch a breach), no modules import each other in a circle,
+orchestra/ holds only packages, files stay under the size guide, and nothing cites a file outside the repository."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -60,6 +62,121 @@ def test_a_breach_of_a_contract_fails_the_check(tmp_path: Path, module: str, lin
     unwrapped = res.stdout.replace(" \n", " ")  # a long contract name is wrapped after a space
     broken = [ln for ln in unwrapped.splitlines() if ln.rstrip().endswith("BROKEN")]
     assert len(broken) >= 1 and any(contract in ln for ln in broken), res.stdout
+
+
+def import_graph(root: Path, packages: Sequence[str]) -> dict[str, set[str]]:
+    """Module name -> the modules of ``packages`` (under ``root``) that it imports: every ``import`` and ``from ...
+    import`` anywhere in the file (function-local ones and those under ``if TYPE_CHECKING:`` too: they are arrows of
+    the design even where they do not run at import time), relative ones resolved, ``from pkg import name`` read as an
+    import of the module ``pkg.name`` when there is one and of ``pkg`` otherwise. Imports of other packages are left
+    out; dynamic ones (``importlib.import_module``, a ``python -m`` command line) are not imports here.
+
+    Only the module named is an arrow, not the packages above it that Python initialises on the way: a package whose
+    ``__init__`` imports its submodules is not thereby in a circle with a submodule that imports a sibling
+    (``from pkg import sibling``, ``import pkg.sibling``). It is when that submodule takes a name defined in or
+    re-exported by the ``__init__`` itself (``from pkg import Name``, ``import pkg``): that name exists only once the
+    ``__init__`` got that far, which is the order dependence a circle is."""
+    files: dict[str, Path] = {}
+    for pkg in packages:
+        for f in sorted((root / pkg).rglob("*.py")):
+            parts = f.relative_to(root).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, f in files.items():
+        here = name.split(".") if f.name == "__init__.py" else name.split(".")[:-1]  # what ``from .`` names
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"), str(f))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # ``from .`` names this package, each further dot the one above
+                    base = ".".join([*here[: len(here) - node.level + 1], *([base] if base else [])])
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:  # ``import pkg.mod`` of a name that is no module of ours
+                    target = target.rpartition(".")[0]
+                if target:
+                    graph[name].add(target)
+    return graph
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module, and modules that import themselves:
+    each a sorted list (Tarjan's algorithm, 1972)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _describe(graph: Mapping[str, set[str]], circle: Sequence[str]) -> str:
+    return "\n".join(f"  {a} -> {b}" for a in circle for b in sorted(graph[a] & set(circle)))
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """A circle of imports is a seam in the wrong place: move the definition the lower module needs below both
+    (a function-local or ``TYPE_CHECKING`` import is still an arrow: hiding it does not cut the circle)."""
+    graph = import_graph(ROOT, PACKAGES)
+    # the graph is the house, not an empty read: every package, and its modules' imports
+    assert {name.partition(".")[0] for name in graph} == set(PACKAGES)
+    assert len(graph) >= 100 and sum(map(len, graph.values())) >= 300, (len(graph), sum(map(len, graph.values())))
+    found = circles(graph)
+    assert not found, "modules that import each other in a circle:\n" + "\n".join(
+        f"{' <-> '.join(c)}:\n{_describe(graph, c)}" for c in found
+    )
+
+
+def test_the_circle_finder_finds_every_kind_of_circle(tmp_path: Path) -> None:
+    """A small package with one circle of each kind the finder must see, and a package face it must not count."""
+    sources = {
+        # a face that imports its submodule, which imports the package only for a sibling: no circle
+        "pkg/__init__.py": "from pkg.a import A\n",
+        "pkg/a.py": "from pkg import b\n\nclass A: ...\n",
+        # a function-local relative import one way, a TYPE_CHECKING import the other
+        "pkg/b.py": "def f():\n    from .c import C\n    return C\n",
+        "pkg/c.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.b import f\n\nclass C: ...\n",
+        # a submodule that takes a name from its package's __init__, which imports it
+        "pkg/sub/__init__.py": "from .x import X\n\nHELPER = 1\n",
+        "pkg/sub/x.py": "import json\n\nfrom pkg.sub import HELPER\n\nX = HELPER\n",
+        # a module that imports itself, and a circle of three through ``import a.b`` and ``from .. import``
+        "pkg/selfish.py": "from . import selfish\n",
+        "pkg/sub/y.py": "from .. import z\n",
+        "pkg/z.py": "import pkg.w\n",
+        "pkg/w.py": "from pkg.sub.y import *\n",
+    }
+    for path, text in sources.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    graph = import_graph(tmp_path, ["pkg"])
+    assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.sub.x"] == {"pkg.sub"}
+    assert circles(graph) == [
+        ["pkg.b", "pkg.c"],
+        ["pkg.selfish"],
+        ["pkg.sub", "pkg.sub.x"],
+        ["pkg.sub.y", "pkg.w", "pkg.z"],
+    ]
 
 
 def test_orchestra_top_level_holds_only_packages() -> None:

@@ -13,8 +13,9 @@ import pytest
 from envs.observation import ObservationEncoder
 from orchestra.jobs.phase1 import drop_stale_evaluation, model_digest
 from orchestra.runtime.team_file import load_team
-from policies.checkpoint import LayoutError, PolicyError, load_conductor
+from policies.checkpoint import LayoutError, PolicyError
 from policies.dataset import ConductorDataset, EpisodeInfo, build_dataset
+from policies.learned import load_conductor
 from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, agreement, fqe_evaluate, train_offline
 from tests.scripted import arithmetic_team, record_scripted
 

@@ -27,7 +27,8 @@ from orchestra.teamtr.align_llm import (
     newcomer_config,
 )
 from orchestra.teamtr.config import seeded_generator
-from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig
+from orchestra.teamtr.llm import LLMTeam
+from orchestra.teamtr.llm_config import LLMTeamConfig
 from orchestra.teamtr.llm_models import load_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from orchestra.teamtr.config import TeamTRConfig
-from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig, LLMTeamError
+from orchestra.teamtr.llm import LLMTeam
+from orchestra.teamtr.llm_config import LLMTeamConfig, LLMTeamError
 from orchestra.teamtr.llm_rollout import LLMRollout, Turn
 from orchestra.teamtr.trainer import (
     AgentState,

@@ -17,7 +17,8 @@ import torch
 from orchestra.backends.hf import TransformersBackend
 from orchestra.backends.http import adapter_digest
 from orchestra.teamtr.config import TeamTRConfig
-from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig, LLMTeamError
+from orchestra.teamtr.llm import LLMTeam
+from orchestra.teamtr.llm_config import LLMTeamConfig, LLMTeamError
 from orchestra.teamtr.llm_models import load_base
 from orchestra.teamtr.trainer import train
 from tests.vllm_like import VLLMLike

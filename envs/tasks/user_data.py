@@ -126,6 +126,16 @@ def _datasets_folder(path: Path) -> list[tuple[str, dict[str, Any], Split | None
     return rows
 
 
+def is_user_data(name: str) -> bool:
+    """A ``--family`` that names a user's data: a ``.jsonl`` or ``.parquet`` file, or a ``datasets.save_to_disk``
+    folder (it holds ``dataset_info.json`` or ``dataset_dict.json``; a folder that happens to share a family's name
+    does not count)."""
+    folder = Path(name)
+    return name.endswith((".jsonl", ".parquet")) or any(
+        (folder / marker).is_file() for marker in ("dataset_info.json", "dataset_dict.json")
+    )
+
+
 def read_records(path: str | Path) -> list[tuple[str, dict[str, Any], Split | None]]:
     """(where, record, split of its container) of every record: ``.jsonl`` (blank lines skipped), ``.parquet`` or a
     ``datasets.save_to_disk`` folder."""
@@ -591,6 +601,7 @@ __all__ = [
     "UserDataFamily",
     "check_item",
     "detect_format",
+    "is_user_data",
     "last_boxed",
     "math_value",
     "normalize_math",

@@ -1,14 +1,14 @@
 """A short llama.cpp decode in a child process before the first real one: a native crash is one clear error.
 
-A llama.cpp build whose kernels do not run on this CPU (the AMX crash :mod:`orchestra.backends.llamacpp_build`
-exists to avoid, or a wheel compiled on another machine) does not raise: it kills the process at the first
-``llama_decode``, taking a recording, a training run or the whole test suite with it. So before orchestra loads a GGUF
-for the first time with a given library on a given CPU, one child process loads the same model and decodes a few
-tokens through the backend's own batched path (:class:`~orchestra.backends.llamacpp.LlamaCppBackend`). If the child
-dies, :func:`require` raises :class:`BackendError` with one line naming the CPU, what the library was built with and
-the command that rebuilds it; if it lives, the success is remembered under ``~/.cache/orchestra/llamacpp-probe/``,
-keyed by the library's files, the CPU's flags and the model, so later runs pay nothing (a rebuilt library, a moved
-disk or another model probes again).
+A llama.cpp build whose kernels do not run on this CPU (the AMX crash :mod:`orchestra.backends.llamacpp_build` exists
+to avoid, or a wheel compiled on another machine) does not raise: it kills the process at the first ``llama_decode``,
+taking a recording, a training run or the whole test suite with it. So before orchestra loads a GGUF for the first
+time with a given library on a given CPU, one child process (:mod:`orchestra.backends.llamacpp_probe_child`) loads the
+same model and decodes a few tokens through the backend's own batched path
+(:class:`~orchestra.backends.llamacpp.LlamaCppBackend`). If the child dies, :func:`require` raises
+:class:`BackendError` with one line naming the CPU, what the library was built with and the command that rebuilds it;
+if it lives, the success is remembered under ``~/.cache/orchestra/llamacpp-probe/``, keyed by the library's files, the
+CPU's flags and the model, so later runs pay nothing (a rebuilt library, a moved disk or another model probes again).
 
 ``ORCHESTRA_LLAMACPP_PROBE=off`` skips the probe. ``ORCHESTRA_LLAMACPP_PROBE_SIMULATE=segfault|abort|hang|error``
 makes the child die that way (tests use it: a real SIGSEGV in a real child). The test suite runs the probe once
@@ -19,7 +19,6 @@ message.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import hashlib
 import importlib.util
 import json
@@ -40,8 +39,9 @@ from orchestra.backends.llamacpp_build import cache_root, cpu_info, rebuild_comm
 ENV = "ORCHESTRA_LLAMACPP_PROBE"  # "off": skip; "child": this process is the probe
 SIMULATE_ENV = "ORCHESTRA_LLAMACPP_PROBE_SIMULATE"
 TIMEOUT_S = 300.0  # a 135M model loads and decodes in a few seconds; a stuck child is a failure too
-_INFO = "system_info: "
-_OK = "probe ok: "
+# the child's lines (orchestra/backends/llamacpp_probe_child.py) that this process reads
+INFO_LINE = "system_info: "
+OK_LINE = "probe ok: "
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def marker_path(key: str) -> Path:
 def run_probe(model: Path, timeout_s: float = TIMEOUT_S) -> ProbeResult:
     """Load ``model`` and decode a few tokens in a child process; how it ended."""
     env = {**os.environ, ENV: "child"}
-    cmd = [sys.executable, "-m", "orchestra.backends.llamacpp_probe", "--child", str(model)]
+    cmd = [sys.executable, "-m", "orchestra.backends.llamacpp_probe_child", str(model)]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace", timeout=timeout_s)
@@ -128,15 +128,15 @@ def run_probe(model: Path, timeout_s: float = TIMEOUT_S) -> ProbeResult:
             sig = signal.Signals(-proc.returncode).name
         except ValueError:
             sig = f"signal {-proc.returncode}"
-    ok = proc.returncode == 0 and _OK in proc.stdout
+    ok = proc.returncode == 0 and OK_LINE in proc.stdout
     lines = [ln.strip() for ln in (proc.stderr + "\n" + proc.stdout).splitlines() if ln.strip()]
-    errors = [ln for ln in lines if not ln.startswith((_INFO, _OK))]
-    detail = (errors[-1] if errors else "") if not ok else next(ln for ln in lines if ln.startswith(_OK))
+    errors = [ln for ln in lines if not ln.startswith((INFO_LINE, OK_LINE))]
+    detail = (errors[-1] if errors else "") if not ok else next(ln for ln in lines if ln.startswith(OK_LINE))
     return ProbeResult(ok, str(model), proc.returncode, sig, _info_of(proc.stdout), seconds, detail[:300])
 
 
 def _info_of(stdout: str) -> str:
-    return next((ln[len(_INFO) :].strip() for ln in stdout.splitlines() if ln.startswith(_INFO)), "")
+    return next((ln[len(INFO_LINE) :].strip() for ln in stdout.splitlines() if ln.startswith(INFO_LINE)), "")
 
 
 _RESULTS: dict[str, ProbeResult] = {}
@@ -186,39 +186,10 @@ def require(model: Path) -> None:
         raise BackendError(result.message())
 
 
-def _child(model: str) -> None:
-    """The probe itself: report the library's build, then decode two short prompts on one batched context."""
-    import llama_cpp
-
-    print(_INFO + llama_cpp.llama_print_system_info().decode("utf-8", errors="replace"), flush=True)
-    simulate = os.environ.get(SIMULATE_ENV, "")
-    if simulate == "segfault":
-        ctypes.string_at(0)  # a real SIGSEGV: a read of address 0
-    elif simulate == "abort":
-        os.abort()
-    elif simulate == "hang":
-        time.sleep(10**6)
-    elif simulate == "error":
-        raise RuntimeError("simulated probe error")
-    from orchestra.backends.base import ChatMessage, GenerationParams, GenerationRequest
-    from orchestra.backends.llamacpp import LlamaCppBackend
-
-    backend = LlamaCppBackend(model, n_ctx=256, batch_size=2, prefix_cache=2)
-    params = GenerationParams(max_tokens=8, temperature=0.0)
-    prompts = ("What is 2 + 3? Answer with a number.", "Name a colour.")
-    requests = [GenerationRequest((ChatMessage("user", p),), params) for p in prompts]
-    outs = backend.generate(requests)
-    print(f"{_OK}{sum(len(o.token_ids) for o in outs)} tokens", flush=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestra.backends.llamacpp_probe", description=__doc__)
     ap.add_argument("model", nargs="?", default=None, help="a .gguf file (default: the embedded SmolLM2)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.child:
-        _child(a.model)
-        return 0
     from orchestra.backends.models import smollm2_gguf_path
 
     result = run_probe(Path(a.model) if a.model else smollm2_gguf_path())

@@ -54,7 +54,7 @@ def team_options(prefix: str) -> list[Opt]:
 
 
 def model_options(prefix: str) -> list[Opt]:
-    from orchestra.teamtr.llm_models import DTYPES
+    from orchestra.teamtr.llm_config import DTYPES
 
     return [
         Opt(f"{prefix}.model", "--model"),

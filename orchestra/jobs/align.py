@@ -33,7 +33,7 @@ from orchestra.teamtr.align_chain import ChainSwapConfig
 from orchestra.teamtr.align_llm import LLMSwapConfig
 from orchestra.teamtr.chain import ChainConfig
 from orchestra.teamtr.config import CHAIN_TRAINER, TeamTRConfig, derive_seed
-from orchestra.teamtr.llm import LLMTeamConfig, TinyModelConfig
+from orchestra.teamtr.llm_config import LLMTeamConfig, TinyModelConfig
 
 FORMAT = "orchestra.teamtr.align/1"
 

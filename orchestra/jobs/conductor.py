@@ -146,7 +146,7 @@ class OPEConfig:
 
 def ope_job(cfg: OPEConfig) -> dict[str, Any]:
     """The FQE estimate (and the logged behaviour's return) as a JSON-able dict, also written to ``cfg.out``."""
-    from policies.checkpoint import load_conductor
+    from policies.learned import load_conductor
     from policies.offline import fqe_evaluate
 
     team, enc = team_encoder(cfg.team)

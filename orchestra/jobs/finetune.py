@@ -8,7 +8,7 @@ update / stage), resumable stage checkpoints (``checkpoints/``) and the final ad
 (``adapters/{worker}/``, loadable by a team file's transformers backend).
 
 Settings, lowest precedence first: :class:`FinetuneConfig`'s CPU defaults (:data:`~orchestra.teamtr.config.
-LLM_CPU_TRAINER`, :data:`~orchestra.teamtr.llm.LLM_CPU_TEAM`), then a config file (YAML or JSON:
+LLM_CPU_TRAINER`, :data:`~orchestra.teamtr.llm_config.LLM_CPU_TEAM`), then a config file (YAML or JSON:
 ``{"trainer": {TeamTRConfig fields}, "team": {LLMTeamConfig fields}}``, :func:`read_config_file`), then the flags.
 
 GPU (the documented configuration, ``orchestra/teamtr/configs/smollm2_gpu.yaml``: bfloat16 on cuda, 64 episodes per
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra.teamtr.config import LLM_CPU_TRAINER, TeamTRConfig
-from orchestra.teamtr.llm import LLM_CPU_TEAM, LLMTeamConfig
+from orchestra.teamtr.llm_config import LLM_CPU_TEAM, LLMTeamConfig
 
 GPU_CONFIG = Path(__file__).parent.parent / "teamtr" / "configs" / "smollm2_gpu.yaml"
 GPU_CONFIG_NAME = GPU_CONFIG.relative_to(

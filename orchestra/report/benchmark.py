@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from orchestra.report import stats
-from orchestra.report.evaluation import PairedRow
+from orchestra.report.rows import PairedRow
 
 
 @dataclass

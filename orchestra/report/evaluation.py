@@ -21,7 +21,7 @@ import dataclasses
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from statsmodels.stats.proportion import proportion_confint
 
 from orchestra.report import stats
 from orchestra.report.plots import plot_cost, plot_success
+from orchestra.report.rows import CollapseRow, PairedRow, ResultRow
 from policies import RULE_BASED
 from trajectories import Episode
 
@@ -99,36 +100,6 @@ def bootstrap_ci(
 
 
 # ----------------------------------------------------------------------------- per-conductor summary
-
-
-@dataclass(frozen=True)
-class ResultRow:
-    """One (family, team, conductor): means over its episodes with 95% intervals.
-
-    ``ci_low``/``ci_high`` bound the success rate (Wilson score interval); return, turns and tokens
-    have percentile-bootstrap intervals over episodes. Episodes a fault ended (`Episode.error`) are not
-    in ``episodes`` or any mean: they are counted in ``errored``."""
-
-    family: str
-    team: str
-    conductor: str
-    episodes: int
-    successes: int
-    success_rate: float
-    ci_low: float
-    ci_high: float
-    mean_return: float
-    mean_turns: float
-    mean_tokens: float
-    truncated_rate: float
-    rule_based: bool
-    return_ci_low: float
-    return_ci_high: float
-    turns_ci_low: float
-    turns_ci_high: float
-    tokens_ci_low: float
-    tokens_ci_high: float
-    errored: int = 0
 
 
 def _group(episodes: Iterable[Episode]) -> dict[tuple[str, str, str], list[Episode]]:
@@ -219,48 +190,6 @@ def best_rule_based(rows: Sequence[ResultRow]) -> dict[tuple[str, str], str]:
         ):
             best[key] = r
     return {k: r.conductor for k, r in sorted(best.items())}
-
-
-@dataclass(frozen=True)
-class PairedRow:
-    """``conductor`` − ``baseline`` on the tasks both played (same task id and seed).
-
-    Success (fractions; ×100 = points): ``success_diff`` is the mean per-task difference,
-    ``success_lo``/``success_hi`` its 95% Agresti–Min interval, ``wins``/``losses`` the discordant
-    tasks, ``mcnemar_p`` the exact McNemar p-value, ``ni_lower`` the one-sided 95% lower bound and
-    ``ni_p`` the p-value of "more than ``NI_MARGIN`` worse"; the ``*_holm`` columns are Holm-adjusted
-    across the rows of one table (a row made alone is its own table). Return: mean difference and t
-    interval. Turns and tokens: ratio of paired means (conductor / baseline) with a paired BCa
-    bootstrap interval (nan when the baseline spends nothing)."""
-
-    family: str
-    team: str
-    conductor: str
-    baseline: str
-    rule_based: bool
-    n_pairs: int
-    success: float
-    baseline_success: float
-    success_diff: float
-    success_lo: float
-    success_hi: float
-    wins: int
-    losses: int
-    mcnemar_p: float
-    mcnemar_p_holm: float
-    ni_lower: float
-    ni_p: float
-    ni_p_holm: float
-    return_diff: float
-    return_lo: float
-    return_hi: float
-    turns_ratio: float
-    turns_ratio_lo: float
-    turns_ratio_hi: float
-    tokens_ratio: float
-    tokens_ratio_lo: float
-    tokens_ratio_hi: float
-    verdict: str
 
 
 def _cheaper(ratio: float, hi: float) -> bool:
@@ -477,22 +406,6 @@ def sequence_entropy(sequences: Sequence[tuple[str, ...]]) -> tuple[float, int, 
     h = float(-(p * np.log2(p)).sum()) + 0.0  # + 0.0 turns -0.0 into 0.0
     top, top_n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return (max(h, 0.0), len(counts), top_n / len(sequences), top)
-
-
-@dataclass(frozen=True)
-class CollapseRow:
-    """How varied a conductor's schedules are over its episodes of one (family, team)."""
-
-    family: str
-    team: str
-    conductor: str
-    rule_based: bool
-    episodes: int
-    distinct: int
-    entropy_bits: float
-    top_share: float
-    top_sequence: str
-    collapsed: bool
 
 
 def mode_collapse(episodes: Iterable[Episode], threshold: float = COLLAPSE_SHARE) -> list[CollapseRow]:

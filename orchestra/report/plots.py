@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # evaluate imports this module; the row type is only needed for annotations
-    from orchestra.report.evaluation import ResultRow
+from orchestra.report.rows import ResultRow
 
 
 def _pyplot() -> Any:

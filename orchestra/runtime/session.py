@@ -10,6 +10,7 @@ from typing import Any
 
 from envs.tasks.base import TaskFamily
 from envs.tasks.registry import get_family
+from envs.tasks.user_data import is_user_data
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker, build_workers
 
@@ -38,19 +39,9 @@ class RunOptions:
     ray_actor_cpus: float = 1.0  # Ray CPUs each actor reserves; its native libraries run on that many threads
 
 
-def is_user_data(name: str) -> bool:
-    """A ``--family`` that names a user's data: a ``.jsonl`` or ``.parquet`` file, or a ``datasets.save_to_disk``
-    folder (it holds ``dataset_info.json`` or ``dataset_dict.json``; a folder that happens to share a family's name
-    does not count)."""
-    folder = Path(name)
-    return name.endswith((".jsonl", ".parquet")) or any(
-        (folder / marker).is_file() for marker in ("dataset_info.json", "dataset_dict.json")
-    )
-
-
 def resolve_family(team: TeamSpec, family: str | None) -> TaskFamily:
-    """The task family a team runs on: ``family`` (a registered name, or a user's data: see :func:`is_user_data`)
-    or the team's own."""
+    """The task family a team runs on: ``family`` (a registered name, or a user's data: see
+    :func:`~envs.tasks.user_data.is_user_data`) or the team's own."""
     name = family or team.family
     if is_user_data(name):
         return get_family("jsonl", path=name)

@@ -179,11 +179,10 @@ def _generation(f: _Fields, context: int = MAX_CONTEXT_TOKENS) -> GenerationPara
 def _family_tools(top: _Fields, family: str) -> set[str] | None:
     """The tool names of a registered family (None for a user's data file, whose tools depend on its records)."""
     from envs.tasks.registry import FAMILIES, get_family
+    from envs.tasks.user_data import is_user_data
 
     if family in FAMILIES:
         return set(get_family(family).tools())
-    from orchestra.runtime.session import is_user_data
-
     if is_user_data(family):
         return None
     raise top.err("family", f"unknown task family {family!r} (known: {', '.join(sorted(FAMILIES))}, or a data file)")

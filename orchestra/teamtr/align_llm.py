@@ -61,7 +61,8 @@ from orchestra.teamtr.align import (
     swap_shock,
 )
 from orchestra.teamtr.config import derive_seed, seeded_generator
-from orchestra.teamtr.llm import LLMTeam, LLMTeamConfig, TinyModelConfig
+from orchestra.teamtr.llm import LLMTeam
+from orchestra.teamtr.llm_config import LLMTeamConfig, TinyModelConfig
 from orchestra.teamtr.llm_models import TINY, load_tokenizer
 from orchestra.teamtr.llm_rollout import LLMRollout, Turn
 from orchestra.teamtr.protocols import Metrics

@@ -7,17 +7,14 @@ import functools
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from orchestra.backends.base import BackendError
 from orchestra.backends.models import resolve_model
+from orchestra.teamtr.llm_config import DTYPES, LLMTeamConfig
 
-if TYPE_CHECKING:
-    from orchestra.teamtr.llm import LLMTeamConfig
-
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINY = "tiny"  # model name of the random-init test model (a small Llama with the SmolLM2 tokenizer)
 
 
@@ -102,4 +99,4 @@ def save_adapter(model: Any, name: str, target: Path) -> Path:
     return target
 
 
-__all__ = ["save_adapter", "DTYPES", "TINY", "load_base", "load_tokenizer", "with_adapters"]
+__all__ = ["save_adapter", "TINY", "load_base", "load_tokenizer", "with_adapters"]

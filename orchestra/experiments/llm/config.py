@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from orchestra.experiments.harness import config_json, episode_stage
 from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
-from orchestra.teamtr.llm import LLMTeamConfig
+from orchestra.teamtr.llm_config import LLMTeamConfig
 
 # the untrained team, evaluated at stage 0 and compared with every scheme
 FROZEN = "frozen"
