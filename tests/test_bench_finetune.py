@@ -18,6 +18,7 @@ from orchestra.teamtr.llmbench.analysis import acceptance, analyse, paired_row
 from orchestra.teamtr.llmbench.config import FinetuneBenchConfig
 from orchestra.teamtr.llmbench.report import summary_sections
 from orchestra.teamtr.llmbench.run import EVAL_FIELDS, read_evals, run_finetune_bench
+from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -346,11 +347,11 @@ def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: P
     (copy / "evals.csv").write_text("".join(lines))
     with pytest.raises(ValueError, match=r"evals\.csv:4: a damaged row"):
         run_finetune_bench(SMOKE, copy, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"different benchmark config \(eval_tasks differ\)"):
+    with pytest.raises(ConfigMismatchError, match=r"config\.json: .* in 1 field \(saved → current\): eval_tasks 6 → 5"):
         run_finetune_bench(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"\(trainer\.lr differ\)"):
+    with pytest.raises(ConfigMismatchError, match=r": trainer\.lr 0\.01 → 0\.5; use another output directory"):
         run_finetune_bench(replace(SMOKE, trainer=replace(SMOKE.trainer, lr=0.5)), smoke_dir, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"\(schemes differ\).*appended to teamtr naive"):
+    with pytest.raises(ConfigMismatchError, match=r": schemes \['teamtr', 'naive'\] → .*appended to teamtr naive"):
         run_finetune_bench(replace(SMOKE, schemes=("naive", "teamtr")), smoke_dir, say=lambda _line: None)
     assert list(EVAL_FIELDS) == list(_csv(smoke_dir / "evals.csv")[0])
 

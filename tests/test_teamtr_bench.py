@@ -16,6 +16,7 @@ from orchestra.teamtr.bench.config import BenchConfig, chain_config, trainer_con
 from orchestra.teamtr.bench.run import RUN_FIELDS, run_bench, run_one, trust_counts
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
 from orchestra.teamtr.config import CHAIN_TRAINER
+from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -196,7 +197,7 @@ def test_resume_skips_complete_runs_and_refuses_another_config(
     run_bench(SMOKE, bench_dir, progress=True)
     assert "bench n=" not in capsys.readouterr().err  # nothing retrained
     assert (bench_dir / "runs.csv").read_text() == before
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ConfigMismatchError, match=r"seeds 2 → 3; use another output directory"):
         run_bench(BenchConfig.smoke(seeds=3), bench_dir, progress=False)
 
 

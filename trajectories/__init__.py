@@ -2,6 +2,7 @@
 
 - `schema`: `Episode` / `Step` / ... records with validating `to_dict` / `from_dict`.
 - `store`: append-only, fsynced, resumable JSONL (`TrajectoryWriter`) and validating readers.
+- `rundir`: the run directory: the resolved ``config.json``, the resume check, the process RNGs, tables.
 - `export`: Arrow / Parquet / pandas / `datasets` tables (pyarrow and friends imported lazily).
 """
 

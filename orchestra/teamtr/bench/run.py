@@ -22,7 +22,6 @@ existing ``runs.csv`` with the same ``config.json`` are skipped (resume per run)
 from __future__ import annotations
 
 import csv
-import json
 import math
 import sys
 import time
@@ -40,6 +39,7 @@ from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_m
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
 from trajectories.metrics import MetricsWriter
+from trajectories.rundir import CONFIG_FILE, check_config, write_config, write_table
 
 RUN_FIELDS = (
     "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",
@@ -171,14 +171,8 @@ def _fmt_cell(v: Any) -> Any:
     return v
 
 
-def _write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str], mode: str = "w") -> None:
-    new = mode == "w" or not path.exists()
-    with path.open(mode, newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields))
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: _fmt_cell(r[k]) for k in fields})
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str], append: bool = False) -> None:
+    write_table(path, ({k: _fmt_cell(r[k]) for k in fields} for r in rows), fields, append=append)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -204,19 +198,18 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True, tens
     Resume: if ``out_dir`` already holds this exact ``config.json``, runs complete in its ``runs.csv`` are skipped.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
+        ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (every differing field named).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path, runs_path = out / "config.json", out / "runs.csv"
+    config_path, runs_path = out / CONFIG_FILE, out / "runs.csv"
     rows: list[dict[str, Any]] = []
     if config_path.exists():
-        if json.loads(config_path.read_text()) != cfg.to_json():
-            raise FileExistsError(f"{config_path} holds a different bench config; use another output directory")
+        check_config(config_path, cfg, hint="use another output directory")
         if runs_path.exists():
             rows = _read_runs(runs_path)
-    config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    write_config(out, cfg)
     done = {
         k
         for k, c in run_curves(rows).items()
@@ -235,7 +228,7 @@ def run_bench(cfg: BenchConfig, out_dir: str | Path, progress: bool = True, tens
             for scheme in todo:
                 t_run = time.perf_counter()
                 new, _ = run_one(cfg, team, warm, n, scheme, seed, out / "runs" if tensorboard else None)
-                _write_csv(runs_path, new, RUN_FIELDS, mode="a")
+                _write_csv(runs_path, new, RUN_FIELDS, append=True)
                 rows += new
                 if progress:
                     print(

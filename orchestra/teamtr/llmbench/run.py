@@ -19,8 +19,6 @@ each run from its latest checkpoint (bit-identically: :func:`~orchestra.teamtr.t
 from __future__ import annotations
 
 import csv
-import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -28,9 +26,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestra.teamtr.checkpoint import differing_fields
 from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
+from trajectories.durable import atomic_path
+from trajectories.rundir import CONFIG_FILE, check_config, read_config, write_config, write_table
 
 EVAL_FIELDS = (
     "scheme", "seed", "stage", "episodes", "tokens", "train_seconds", "task", "difficulty", "success", "return",
@@ -73,14 +72,8 @@ def read_evals(path: Path) -> list[dict[str, Any]]:
 
 
 def _append(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(EVAL_FIELDS))
-        if new:
-            w.writeheader()
-        for r in rows:
-            w.writerow({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in EVAL_FIELDS})
-        f.flush()
+    cells = ({k: (repr(r[k]) if isinstance(r[k], float) else r[k]) for k in EVAL_FIELDS} for r in rows)
+    write_table(path, cells, EVAL_FIELDS, append=True)
 
 
 def complete_evaluations(rows: Sequence[dict[str, Any]], n_tasks: int) -> set[tuple[str, int, int]]:
@@ -137,17 +130,11 @@ def check_stored_config(path: Path, cfg: FinetuneBenchConfig) -> None:
     runs go scheme by scheme, so every earlier evaluation stays valid; the Holm families then hold more comparisons.
 
     Raises:
-        FileExistsError: naming the fields that differ.
+        ConfigMismatchError: naming every field that differs (saved → current).
     """
-    stored, new = json.loads(path.read_text()), cfg.to_json()
-    fields = [name for name, _, _ in differing_fields(stored, new)]
-    old_schemes, new_schemes = list(stored.get("schemes") or []), list(new["schemes"])
-    if not fields or (fields == ["schemes"] and new_schemes[: len(old_schemes)] == old_schemes):
-        return
-    raise FileExistsError(
-        f"{path} holds a different benchmark config ({', '.join(fields)} differ); use another output directory "
-        f"(schemes may only be appended to {' '.join(old_schemes)})"
-    )
+    saved = read_config(path)
+    hint = f"use another output directory (schemes may only be appended to {' '.join(saved.get('schemes') or [])})"
+    check_config(path, cfg, saved=saved, may_extend=["schemes"], hint=hint)
 
 
 def run_finetune_bench(
@@ -164,8 +151,8 @@ def run_finetune_bench(
     already in ``out_dir``, marked interim when some are missing.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
-            :func:`check_stored_config`).
+        ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is
+            allowed: :func:`check_stored_config`).
     """
     from orchestra.teamtr.llm import LLMTeam
     from orchestra.teamtr.llmbench.analysis import analyse
@@ -176,18 +163,16 @@ def run_finetune_bench(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path, evals_path = out / "config.json", out / "evals.csv"
+    config_path, evals_path = out / CONFIG_FILE, out / "evals.csv"
     if config_path.exists():
         check_stored_config(config_path, cfg)
-    config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    write_config(out, cfg)
     rows = read_evals(evals_path) if evals_path.exists() else []
     done = complete_evaluations(rows, cfg.eval_tasks)
     rows = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) in done]
     if evals_path.exists():  # drop the rows of an evaluation cut short; the complete ones are never at risk
-        partial = evals_path.with_suffix(".csv.tmp")
-        partial.unlink(missing_ok=True)
-        _append(partial, rows)
-        os.replace(partial, evals_path)
+        with atomic_path(evals_path, "evaluations") as partial:
+            _append(partial, rows)
     tasks = held_out_tasks(cfg)
     greedy = cfg.team.eval_temperature == 0
 
@@ -241,10 +226,7 @@ def run_finetune_bench(
     tables = analyse(cfg, rows, out / "runs")
     for name, table in tables.items():
         if table:
-            with (out / f"{name}.csv").open("w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=list(table[0]))
-                w.writeheader()
-                w.writerows(table)
+            write_table(out / f"{name}.csv", table)
     plot(cfg, rows, tables, out)
     from orchestra.teamtr.bench.report import join_sections
 
