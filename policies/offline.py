@@ -41,9 +41,7 @@ from policies import train_state
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
-from trajectories.durable import atomic_path
-from trajectories.metrics import MetricsWriter
-from trajectories.rundir import CONFIG_FILE, check_config, same_config, write_config
+from trajectories.rundir import CONFIG_FILE, MetricsWriter, atomic_path, check_config, same_config, write_config
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
 Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone

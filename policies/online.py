@@ -30,8 +30,7 @@ from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
-from trajectories.metrics import MetricsWriter
-from trajectories.rundir import write_config
+from trajectories.rundir import MetricsWriter, write_config
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_FILE = "model.zip"

@@ -27,8 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import PolicyError
-from trajectories.durable import atomic_path
-from trajectories.rundir import RNGState, capture_rng, restore_rng
+from trajectories.rundir import RNGState, atomic_path, capture_rng, restore_rng
 
 RESUME_DIR = "resume"
 _EPOCH_DIR = re.compile(r"^epoch-(\d{4,})$")

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from trajectories.durable import atomic_path
 from trajectories.rundir import (
     ABSENT,
     CONFIG_FILE,
     ConfigDifference,
     ConfigMismatchError,
     RunDirError,
+    atomic_path,
     capture_rng,
     check_config,
     config_differences,

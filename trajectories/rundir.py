@@ -13,28 +13,32 @@
 * **The process-wide RNGs** (:func:`capture_rng` / :func:`restore_rng`): torch's global generator (+ CUDA),
   numpy's legacy MT19937 (``np.random``) and Python's ``random``, as tensors and JSON scalars, so a killed run
   resumes bit-identical to one that never stopped.
+* **Metrics** (:class:`MetricsWriter`): the one writer of flat metrics rows, ``{name}.jsonl`` (the record),
+  ``{name}.csv`` (columns = the union of the keys, first-seen order) and, on request, TensorBoard event files.
 * **Tables** (:func:`write_table`): a CSV with a fixed header, written whole or appended to row by row.
-
-Files are written whole or not at all (:func:`~trajectories.durable.atomic_path`); metrics rows go through the one
-:class:`~trajectories.metrics.MetricsWriter`.
+* **Atomic writes** (:func:`atomic_path`, :func:`write_text_atomic`): a file is written beside its destination and
+  renamed over it, so a full disk (ENOSPC), a read-only folder (EROFS) or a kill mid-write leaves the previous file
+  (or none) in place, never a half-written one. Used for the config, datasets and checkpoints; trajectory files are
+  append-only instead (:mod:`trajectories.store`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
 import platform
 import random
+import shutil
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
-
-from trajectories.durable import atomic_path
 
 CONFIG_FILE = "config.json"
 ABSENT = "<absent>"  # stands for a field one side of a comparison lacks
@@ -47,6 +51,51 @@ class RunDirError(ValueError):
 class ConfigMismatchError(RunDirError):
     """A run continued under a config that differs from the one it was started with; the message names every
     differing field (saved → current) and the file."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# atomic writes
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], what: str = "file") -> Iterator[Path]:
+    """``with atomic_path(p) as tmp: write(tmp)``: ``tmp`` is renamed to ``p`` (after an fsync) when the block ends
+    without an error; otherwise it is removed and an ``OSError`` names ``p`` and says the old one is unchanged."""
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
+    try:
+        yield tmp
+        if tmp.is_file():
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(tmp, final)
+    except OSError as e:
+        _remove(tmp)
+        old = "the previous one is unchanged" if final.exists() else "nothing was left behind"
+        raise OSError(e.errno, f"{e.strerror or e}: could not write the {what} ({old})", str(final)) from e
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(p: Path) -> None:
+    with contextlib.suppress(OSError):
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temporary sibling, then rename it over ``path`` (readers see the old or the new file).
+    No fsync: for files rewritten often (metrics, a checkpoint's pointer), where :func:`atomic_path` is too slow."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -234,6 +283,124 @@ def restore_rng(state: RNGState) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# metrics
+
+
+# a row's TensorBoard step: the first of these keys it holds, else its index in the file
+STEP_KEYS: tuple[str, ...] = ("step", "global_step", "timesteps", "update", "stage", "epoch")
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics JSONL. A last line cut by a kill is dropped; any other bad line is a ``ValueError``
+    naming the file and line."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n == len(lines):
+                break  # the write a kill interrupted
+            raise ValueError(f"{path}:{n}: not a JSON metrics row ({e.msg})") from e
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: a metrics row is a JSON object, got {type(row).__name__}")
+        out.append(row)
+    return out
+
+
+class MetricsWriter:
+    """Appends flat metrics rows to ``{name}.jsonl`` / ``{name}.csv`` of ``run_dir`` (and TensorBoard if asked).
+
+    Rows are flat mappings of namespaced keys (``losses/…``, ``kl/…``, ``rollout/…``, ``perf/…``,
+    ``agent/{name}/…``). The JSONL is appended and flushed at every :meth:`append`. The CSV is appended too, and
+    rewritten atomically when a row brings a new key, so a column that first appears late still gets its header. In
+    TensorBoard (``tensorboard/{name}/``) every numeric value of a row is a scalar under its key, at the row's step
+    (:data:`STEP_KEYS`).
+
+    ``rows``: the rows already there that the run keeps (a resume); the files are rewritten to hold exactly them, and
+    only the rows appended afterwards go to TensorBoard, so a resume adds no duplicate points. ``resume=True``
+    without ``rows`` keeps whatever ``{name}.jsonl`` holds. Otherwise the files start empty."""
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        name: str = "metrics",
+        rows: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        resume: bool = False,
+        tensorboard: bool = False,
+    ) -> None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = run_dir / f"{name}.jsonl"
+        self.csv = run_dir / f"{name}.csv"
+        if rows is None and resume and self.jsonl.exists():
+            rows = read_rows(self.jsonl)
+        self.rows: list[dict[str, Any]] = [dict(r) for r in rows or ()]
+        self.columns: list[str] = []
+        self._add_columns(self.rows)
+        write_text_atomic(self.jsonl, "".join(json.dumps(r) + "\n" for r in self.rows))
+        self._rewrite_csv()
+        self.tensorboard_dir = run_dir / "tensorboard" / name if tensorboard else None
+        self._tb: Any = None
+        if self.tensorboard_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+            self._tb = SummaryWriter(log_dir=str(self.tensorboard_dir))
+
+    def _add_columns(self, rows: Iterable[Mapping[str, Any]]) -> bool:
+        seen = set(self.columns)
+        new = False
+        for r in rows:
+            for k in r:
+                if k not in seen:
+                    seen.add(k)
+                    self.columns.append(k)
+                    new = True
+        return new
+
+    def _rewrite_csv(self) -> None:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=self.columns, restval="")
+        w.writeheader()
+        w.writerows(self.rows)
+        write_text_atomic(self.csv, buf.getvalue())
+
+    def append(self, new_rows: Sequence[Mapping[str, Any]]) -> None:
+        rows = [dict(r) for r in new_rows]
+        if not rows:
+            return
+        first = len(self.rows)
+        self.rows.extend(rows)
+        with self.jsonl.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        if self._add_columns(rows):
+            self._rewrite_csv()
+        else:
+            with self.csv.open("a", encoding="utf-8", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns, restval="").writerows(rows)
+        if self._tb is not None:
+            for i, r in enumerate(rows, start=first):
+                step = next((int(r[k]) for k in STEP_KEYS if isinstance(r.get(k), int | float)), i)
+                for k, v in r.items():
+                    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                        continue
+                    self._tb.add_scalar(k, float(v), global_step=step)
+            self._tb.flush()
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        """Append one row."""
+        self.append([row])
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # tables
 
 
@@ -246,7 +413,7 @@ def write_table(
 ) -> Path:
     """A CSV table at ``path``: the header ``fields`` (default: the first row's keys), then one line per row (a
     mapping or a dataclass). ``append``: add the rows under the file's header (written first when the file is new).
-    A table that must never be seen half-written is written to :func:`~trajectories.durable.atomic_path`'s file."""
+    A table that must never be seen half-written is written to :func:`atomic_path`'s file."""
     path = Path(path)
     rows = [dataclasses.asdict(r) if dataclasses.is_dataclass(r) else r for r in rows]  # type: ignore[arg-type]
     header = list(fields) if fields is not None else list(rows[0])
@@ -262,10 +429,13 @@ def write_table(
 __all__ = [
     "ABSENT",
     "CONFIG_FILE",
+    "STEP_KEYS",
     "ConfigDifference",
     "ConfigMismatchError",
+    "MetricsWriter",
     "RNGState",
     "RunDirError",
+    "atomic_path",
     "capture_rng",
     "check_config",
     "config_differences",
@@ -273,8 +443,10 @@ __all__ = [
     "flatten",
     "provenance",
     "read_config",
+    "read_rows",
     "restore_rng",
     "same_config",
     "write_config",
     "write_table",
+    "write_text_atomic",
 ]

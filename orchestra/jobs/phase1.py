@@ -67,8 +67,7 @@ from policies.offline import (
     train_offline,
 )
 from trajectories import Episode, read_many
-from trajectories.durable import atomic_path
-from trajectories.rundir import write_config, write_table
+from trajectories.rundir import atomic_path, write_config, write_table
 
 
 @dataclass

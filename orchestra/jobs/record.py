@@ -20,8 +20,7 @@ from orchestra.runtime.rollout import EpisodeJob, RolloutStats, episode_metrics,
 from orchestra.runtime.session import RunOptions, Session
 from policies.exploration import exploring_name
 from trajectories import Episode, TrajectoryWriter
-from trajectories.metrics import MetricsWriter
-from trajectories.rundir import provenance, write_config
+from trajectories.rundir import MetricsWriter, provenance, write_config
 
 
 @dataclass(frozen=True)

@@ -39,16 +39,16 @@ from torch import Tensor
 
 from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
 from orchestra.teamtr.protocols import Metrics, TrainableTeam
-from trajectories.durable import write_text_atomic
-from trajectories.metrics import MetricsWriter
 from trajectories.rundir import (
     CONFIG_FILE,
+    MetricsWriter,
     RNGState,
     capture_rng,
     check_config,
     config_json,
     restore_rng,
     write_config,
+    write_text_atomic,
 )
 
 FORMAT = "orchestra.teamtr.run/1"
@@ -285,8 +285,9 @@ def check_adapter_state(file: Path, loaded: dict[str, Tensor], expected: dict[st
 
 
 class RunDirectory:
-    """``out_dir`` of one run: checks and writes ``config.json`` (:mod:`trajectories.rundir`), finds the checkpoint to resume from, truncates the
-    metrics files back to it, then appends metrics and writes a checkpoint at the end of every stage.
+    """``out_dir`` of one run: checks and writes ``config.json`` (:mod:`trajectories.rundir`), finds the checkpoint to
+    resume from, truncates the metrics files back to it, then appends metrics and writes a checkpoint at the end of
+    every stage.
 
     ``resume``: False = a new run (``out_dir`` must not hold one); True = continue from ``checkpoints/latest`` (a fresh
     start if there is no checkpoint yet); a path = continue from that ``stage-XXXX`` directory.

@@ -38,8 +38,7 @@ from orchestra.teamtr.bench.report import join_sections, plot, summary_sections
 from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
-from trajectories.metrics import MetricsWriter
-from trajectories.rundir import CONFIG_FILE, check_config, write_config, write_table
+from trajectories.rundir import CONFIG_FILE, MetricsWriter, check_config, write_config, write_table
 
 RUN_FIELDS = (
     "n", "scheme", "seed", "stage", "J", "drift_b", "drift_d", "episodes", "tokens",

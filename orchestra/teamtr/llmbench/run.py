@@ -28,8 +28,7 @@ from typing import Any
 
 from orchestra.teamtr.config import derive_seed
 from orchestra.teamtr.llmbench.config import FROZEN, FinetuneBenchConfig
-from trajectories.durable import atomic_path
-from trajectories.rundir import CONFIG_FILE, check_config, read_config, write_config, write_table
+from trajectories.rundir import CONFIG_FILE, atomic_path, check_config, read_config, write_config, write_table
 
 EVAL_FIELDS = (
     "scheme", "seed", "stage", "episodes", "tokens", "train_seconds", "task", "difficulty", "success", "return",
