@@ -12,9 +12,7 @@ room to help). Validation and test tasks are never touched.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import json
 import sys
 import time
 from functools import partial
@@ -26,6 +24,7 @@ from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.team_file import load_team
 from orchestra.runtime.workers import build_workers
 from policies import PipelineConductor
+from trajectories.rundir import write_config, write_table
 
 
 def proposer(team) -> str:  # type: ignore[no-untyped-def]
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(vars(args), indent=2) + "\n")
+    write_config(out, vars(args))
     rows: list[dict[str, object]] = []
     for fam_name in args.families:
         base = load_team(fam_name)
@@ -97,10 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"[{100 * lo:.1f}, {100 * hi:.1f}]  ({row['wall_s']} s)",
                     flush=True,
                 )
-    with (out / "calibration.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_table(out / "calibration.csv", rows)
     print(f"written: {out / 'calibration.csv'}")
     return 0
 

@@ -19,7 +19,7 @@ from typing import Any
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
-from trajectories.durable import atomic_path
+from trajectories.rundir import atomic_path
 
 FORMAT = "orchestra-conductor/1"
 META_FILE = "conductor.json"

@@ -33,7 +33,7 @@ from envs.config import REWARD_COMPONENTS, TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.checkpoint import LayoutError, check_same_embedder, check_same_layout, team_layout
 from trajectories import Episode, read_trajectories
-from trajectories.durable import atomic_path
+from trajectories.rundir import atomic_path
 
 Truncation = Literal["terminal", "bootstrap"]
 FeatureSet = Literal["structural", "all"]

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 
 from policies.base import ConductorPolicy, PolicyError, action_id
-from trajectories.durable import atomic_path
+from trajectories.rundir import atomic_path
 
 FeatureSet = Literal["structural", "all"]
 LabelFn = Callable[[np.ndarray, np.ndarray], int]  # (obs, mask) -> action id

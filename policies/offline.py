@@ -27,7 +27,6 @@ itself (``ObservationEncoder.legal_mask``).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -42,8 +41,7 @@ from policies import train_state
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
 from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
-from trajectories.durable import atomic_path
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import CONFIG_FILE, MetricsWriter, atomic_path, check_config, same_config, write_config
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
 Q_ALGOS = ("dqn", "ddqn", "cql")  # act by argmax of the Q-function alone
@@ -316,13 +314,13 @@ def train_offline(
         dataset={k: v for k, v in data.summary().items() if k != "sources"} | {"sources": ds.sources},
     )
     run_config = {"offline": asdict(cfg), "dataset": meta.dataset}
-    if resume == "if_same" and not train_state.same_config(out, run_config):
+    if resume == "if_same" and not same_config(out / CONFIG_FILE, run_config):
         resume = False
-    if resume and (out / "config.json").exists():
-        train_state.check_resume_config(out, run_config)
+    if resume and (out / CONFIG_FILE).exists():
+        check_config(out / CONFIG_FILE, run_config)
     else:
         train_state.clear_state(out)
-        (out / "config.json").write_text(json.dumps(run_config, indent=2, default=str))
+        write_config(out, run_config)
     conductor = OfflineConductor(algo, meta)
     mdp = data.to_mdp(cfg.truncation)
     algo.build_with_dataset(mdp)  # built here, not inside fit, so a resumed run can load its state first

@@ -30,7 +30,7 @@ from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
 from policies.checkpoint import ConductorMeta, open_checkpoint
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import MetricsWriter, write_config
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_FILE = "model.zip"
@@ -305,7 +305,7 @@ def _train(
     if callable(summary):
         meta = replace(meta, dataset=dict(summary()))
     resolved = {"ppo": asdict(cfg), "team": meta.team, "embedder": meta.embedder, "action_labels": meta.action_labels}
-    (out / CONFIG_FILE).write_text(json.dumps(resolved, indent=2), encoding="utf-8")
+    write_config(out, resolved, CONFIG_FILE)
     resumed = resume and (ckpt / MODEL_FILE).exists()
     log = MetricsWriter(out, resume=resumed, tensorboard=tensorboard)  # + tensorboard/metrics/ event files
     if resumed:

@@ -16,6 +16,7 @@ from orchestra.experiments.chain.config import ChainExperimentConfig, chain_conf
 from orchestra.experiments.chain.run import RUN_FIELDS, run_chain_experiment, run_one, trust_counts
 from orchestra.teamtr.chain import ChainTeam, drift_b, drift_d, warm_start
 from orchestra.teamtr.config import CHAIN_TRAINER
+from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -196,7 +197,7 @@ def test_resume_skips_complete_runs_and_refuses_another_config(
     run_chain_experiment(SMOKE, chain_dir)
     assert "chain n=" not in capsys.readouterr().err  # nothing retrained
     assert (chain_dir / "runs.csv").read_text() == before
-    with pytest.raises(FileExistsError):
+    with pytest.raises(ConfigMismatchError, match=r"seeds 2 → 3; use another output directory"):
         run_chain_experiment(ChainExperimentConfig.smoke(seeds=3), chain_dir, say=lambda _line: None)
 
 

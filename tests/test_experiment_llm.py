@@ -19,6 +19,7 @@ from orchestra.experiments.llm.analysis import acceptance, analyse, paired_row
 from orchestra.experiments.llm.config import LLMExperimentConfig
 from orchestra.experiments.llm.report import summary_sections
 from orchestra.experiments.llm.run import EVAL_COLUMNS, EVAL_FIELDS, run_llm_experiment
+from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -349,11 +350,11 @@ def test_damaged_evals_and_another_config_are_named(smoke_dir: Path, tmp_path: P
     (copy / "evals.csv").write_text("".join(lines))
     with pytest.raises(ValueError, match=r"evals\.csv:4: a damaged row"):
         run_llm_experiment(SMOKE, copy, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"different benchmark config \(eval_tasks differ\)"):
+    with pytest.raises(ConfigMismatchError, match=r"config\.json: .* in 1 field \(saved → current\): eval_tasks 6 → 5"):
         run_llm_experiment(replace(SMOKE, eval_tasks=5), smoke_dir, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"\(trainer\.lr differ\)"):
+    with pytest.raises(ConfigMismatchError, match=r": trainer\.lr 0\.01 → 0\.5; use another output directory"):
         run_llm_experiment(replace(SMOKE, trainer=replace(SMOKE.trainer, lr=0.5)), smoke_dir, say=lambda _line: None)
-    with pytest.raises(FileExistsError, match=r"\(schemes differ\).*appended to teamtr naive"):
+    with pytest.raises(ConfigMismatchError, match=r": schemes \['teamtr', 'naive'\] → .*appended to teamtr naive"):
         run_llm_experiment(replace(SMOKE, schemes=("naive", "teamtr")), smoke_dir, say=lambda _line: None)
     assert list(EVAL_FIELDS) == list(_csv(smoke_dir / "evals.csv")[0])
 

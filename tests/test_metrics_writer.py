@@ -1,4 +1,4 @@
-"""The one metrics writer (trajectories.metrics.MetricsWriter): JSONL + CSV + TensorBoard event files, read back
+"""The one metrics writer (trajectories.rundir.MetricsWriter): JSONL + CSV + TensorBoard event files, read back
 with TensorBoard's own reader, from the offline trainer, the TeamTR trainer (through a resume) and the writer alone."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trajectories.metrics import MetricsWriter, read_rows
+from trajectories.rundir import MetricsWriter, read_rows
 
 
 def _scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:

@@ -18,6 +18,7 @@ from policies.dataset import ConductorDataset, EpisodeInfo, build_dataset
 from policies.learned import load_conductor
 from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, agreement, fqe_evaluate, train_offline
 from tests.scripted import arithmetic_team, record_scripted
+from trajectories.rundir import ConfigMismatchError
 
 # -- a synthetic orchestration problem with a known optimal schedule -------------------------------
 # Two workers, "good:go" (its answer is right) and "bad:go" (wrong), then submit. Each worker turn
@@ -313,7 +314,7 @@ def test_a_fresh_start_without_resume_state_and_a_changed_config_refused(
     a = train_offline(random_data, cfg, tmp_path / "a", resume=True)  # nothing to resume: starts from scratch
     b = train_offline(random_data, cfg, tmp_path / "b")
     assert _untimed(a.metrics) == _untimed(b.metrics)
-    with pytest.raises(PolicyError, match=r"cannot resume .*offline\.learning_rate"):
+    with pytest.raises(ConfigMismatchError, match=r"cannot resume .*offline\.learning_rate 0\.0003 → 0\.001"):
         train_offline(random_data, dataclasses.replace(cfg, learning_rate=1e-3), tmp_path / "a", resume=True)
     state = tmp_path / "a" / "resume"
     (state / (state / "latest").read_text().strip() / "rng.pt").write_bytes(b"garbage")

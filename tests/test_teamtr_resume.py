@@ -18,8 +18,9 @@ from safetensors.torch import load_file
 from orchestra.teamtr import checkpoint as ckpt_module
 from orchestra.teamtr.chain import ChainConfig, ChainTeam
 from orchestra.teamtr.chain_team import ChainRollout, ChainTrainable
-from orchestra.teamtr.checkpoint import Checkpoint, CheckpointError, ConfigMismatchError
+from orchestra.teamtr.checkpoint import Checkpoint, CheckpointError
 from orchestra.teamtr.trainer import TeamTRConfig, TrainHooks, TrainLog, train
+from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,6 +2,8 @@
 
 - `schema`: `Episode` / `Step` / ... records with validating `to_dict` / `from_dict`.
 - `store`: append-only, fsynced, resumable JSONL (`TrajectoryWriter`) and validating readers.
+- `rundir`: the run directory: the resolved ``config.json``, the resume check, the process RNGs, the metrics writer,
+  tables and atomic writes.
 - `export`: Arrow / Parquet / pandas / `datasets` tables (pyarrow and friends imported lazily).
 """
 

@@ -19,12 +19,11 @@ complete, which stored config it may continue, the analysis, the sections and th
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -47,12 +46,6 @@ def episode_stage(scheme: str, n: int, num_stages: int, extend_for_episodes: boo
     agents: ``num_stages`` for the :data:`FULL_VOLUME` schemes, n × that for the one-batch schemes (unless
     ``extend_for_episodes`` is off: then every scheme stops at ``num_stages``)."""
     return n * num_stages if scheme not in FULL_VOLUME and extend_for_episodes else num_stages
-
-
-def config_json(cfg: Any) -> dict[str, Any]:
-    """A config dataclass as plain JSON types (tuples → lists), as written to ``config.json``."""
-    out: dict[str, Any] = json.loads(json.dumps(asdict(cfg)))
-    return out
 
 
 def stderr_say(progress: bool) -> Say:
@@ -185,6 +178,6 @@ def pval(v: float) -> str:
 
 
 __all__ = [
-    "FULL_VOLUME", "ExperimentResult", "RowLog", "Sections", "Tables", "cell", "config_json", "episode_stage",
+    "FULL_VOLUME", "ExperimentResult", "RowLog", "Sections", "Tables", "cell", "episode_stage",
     "finish", "join_sections", "maybe_float", "pval", "read_rows", "stderr_say", "write_rows",
 ]  # fmt: skip

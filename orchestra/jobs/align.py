@@ -18,9 +18,7 @@ all its weights were trained).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +32,7 @@ from orchestra.teamtr.align_llm import LLMSwapConfig
 from orchestra.teamtr.chain import ChainConfig
 from orchestra.teamtr.config import CHAIN_TRAINER, TeamTRConfig, derive_seed
 from orchestra.teamtr.llm_config import LLMTeamConfig, TinyModelConfig
+from trajectories.rundir import CONFIG_FILE, write_config, write_table
 
 FORMAT = "orchestra.teamtr.align/1"
 
@@ -143,18 +142,13 @@ def _say(progress: bool) -> Callable[[str], None]:
 
 
 def _fresh_out(out: Path) -> None:
-    for name in ("report.json", "config.json"):
+    for name in ("report.json", CONFIG_FILE):
         if (out / name).exists():
             raise FileExistsError(f"{out / name} exists: {out} holds an align run already; use another --out")
 
 
 def _write_config(out: Path, mode: str, **parts: Any) -> None:
-    config = {
-        "format": FORMAT,
-        "mode": mode,
-        **{k: None if v is None else dataclasses.asdict(v) for k, v in parts.items()},
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    write_config(out, {"format": FORMAT, "mode": mode, **parts})
 
 
 def _on_check(say: Callable[[str], None], delta_0: float, wall_time: bool) -> Callable[[dict[str, float]], None]:
@@ -228,10 +222,7 @@ def align_chain(cfg: AlignChainConfig) -> AlignResult:
     if cfg.compare:
         rows = compare_divergences(team, swap, align_cfg, cfg.compare, cfg.compare_seeds, say)
         paths["compare"] = out / "compare.csv"
-        with paths["compare"].open("w", newline="", encoding="utf-8") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_table(paths["compare"], rows)
         markdown = markdown.rstrip() + "\n\n" + compare_markdown(rows, align_cfg.delta_0)
         paths["markdown"].write_text(markdown, encoding="utf-8")
     params = (
@@ -240,7 +231,7 @@ def align_chain(cfg: AlignChainConfig) -> AlignResult:
         else dict(newcomer.models[0].named_parameters())
     )
     save_file({k: p.detach().contiguous() for k, p in params.items()}, str(out / "newcomer.safetensors"))
-    return AlignResult(markdown, [out / "config.json", *paths.values(), out / "newcomer.safetensors"])
+    return AlignResult(markdown, [out / CONFIG_FILE, *paths.values(), out / "newcomer.safetensors"])
 
 
 def compare_divergences(
@@ -340,7 +331,7 @@ def align_llm(cfg: AlignLLMConfig) -> AlignResult:
     )
     report = dataclasses.replace(report, meta={**report.meta, "total_seconds": time.perf_counter() - t0})
     paths = write_report(report, out, plot=cfg.plot)
-    written = [out / "config.json", *paths.values(), *newcomer.save_adapters(out / "adapters").values()]
+    written = [out / CONFIG_FILE, *paths.values(), *newcomer.save_adapters(out / "adapters").values()]
     if swap.train_params == "all":  # the base moved too: the merged model is a local HF folder (--model DIR)
         tokenizer = load_tokenizer(new_cfg.model)
         merged = newcomer.model_of(0).merge_and_unload()

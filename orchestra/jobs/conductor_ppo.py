@@ -29,7 +29,6 @@ import numpy as np
 from envs.config import Embedder
 from envs.observation import ObservationEncoder
 from envs.tasks.base import SPLITS, Split
-from orchestra.jobs.rundir import write_run_config
 from orchestra.runtime.conductor_gym import Approval, ConductorGymEnv, SafetyRails, terminal_approval
 from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.session import Session
@@ -39,6 +38,7 @@ from policies.checkpoint import META_FILE, ConductorMeta, team_layout
 from policies.dataset import ConductorDataset
 from policies.learned import load_conductor
 from policies.online import CHECKPOINT_DIR, PPOConfig, train_ppo
+from trajectories.rundir import provenance, write_config
 
 
 @dataclass
@@ -170,7 +170,7 @@ def train_conductor_ppo(
     team = session.team
     if cfg.embedder is not None:
         team = dataclasses.replace(team, env=dataclasses.replace(team.env, embedder=cfg.embedder))
-    write_run_config(run_dir, asdict(cfg), team)
+    write_config(run_dir, {"config": asdict(cfg), "team_file": str(team.path), "team": team.raw, **provenance()})
     rails = cfg.rails(approve)
     env = ConductorGymEnv(
         team, session.family, session.workers, rails, split=split, difficulty=cfg.difficulty, seed=cfg.seed

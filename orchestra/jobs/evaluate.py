@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envs.perturb import parse_perturbation
@@ -17,6 +17,7 @@ from orchestra.runtime.conductors import split_spec
 from orchestra.runtime.distributed import RayOptions, RayPool, ray_cluster
 from orchestra.runtime.session import RunOptions, Session
 from trajectories import Episode, read_trajectories
+from trajectories.rundir import write_config
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> Evaluation:
     rows, _paired, paths = evaluation_report(all_eps, out)
     if cfg.perturb:
         paths.update(write_robustness(robustness_rows(all_eps, perturbed), out))
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
+    write_config(out, cfg)
     if replies:
         paths["replies_json"] = out / "conductor_replies.json"
         paths["replies_json"].write_text(json.dumps(replies, indent=2), encoding="utf-8")

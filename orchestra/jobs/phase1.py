@@ -25,7 +25,6 @@ evaluated afresh).
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import hashlib
 import json
@@ -68,7 +67,7 @@ from policies.offline import (
     train_offline,
 )
 from trajectories import Episode, read_many
-from trajectories.durable import atomic_path
+from trajectories.rundir import atomic_path, write_config, write_table
 
 
 @dataclass
@@ -284,7 +283,7 @@ def initial_states(eps: Sequence[Episode], encoder: ObservationEncoder) -> tuple
 def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"phase1": asdict(cfg)}, indent=2), encoding="utf-8")
+    write_config(out, {"phase1": cfg})
     n = 7
     configs = cfg.learner_configs()
     sessions: dict[str, Session] = {}  # one per team, reused by every stage (workers, backends, cache)
@@ -369,10 +368,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
             selection[name] = stats.fqe_selection([f.fqe_estimate for f in mine], [f.measured_return for f in mine])
             sel = selection[name]
             print(f"  {name}: Spearman {sel.spearman:+.2f} over {sel.n_policies} policies, regret {sel.regret:.3f}")
-    with (out / "fqe.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(FQERow.__dataclass_fields__))
-        w.writeheader()
-        w.writerows(asdict(o) for o in fqe_rows)
+    write_table(out / "fqe.csv", fqe_rows, FQERow.__dataclass_fields__)
 
     _stage(
         6,
@@ -466,10 +462,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         subset_lines.append(subset_table_md(name, names, by, hard))
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")
     paths["cost_quality"] = report_dir / "cost_quality.png"
-    with (report_dir / "headroom.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(HeadroomRow.__dataclass_fields__))
-        w.writeheader()
-        w.writerows(asdict(h) for h in head_rows)
+    write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
 
     rules: dict[str, str] = {}
     for name in sessions:

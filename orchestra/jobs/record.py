@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from envs.tasks.base import SPLITS, Split
-from orchestra.jobs.rundir import write_run_config
 from orchestra.runtime.conductors import split_spec
 from orchestra.runtime.distributed import EnginePlan, RayOptions, RayPool, ray_cluster
 from orchestra.runtime.rollout import EpisodeJob, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
 from policies.exploration import exploring_name
 from trajectories import Episode, TrajectoryWriter
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import MetricsWriter, provenance, write_config
 
 
 @dataclass(frozen=True)
@@ -182,7 +181,8 @@ def _record(
         _ = session.workers  # loaded here (a bad model path fails before any file is opened); with Ray, in the actors
     with contextlib.ExitStack() as stack:
         writer = stack.enter_context(TrajectoryWriter(traj_path, resume=resume))
-        write_run_config(run_dir, {**asdict(cfg), "resume": resume}, team)
+        config = {**asdict(cfg), "resume": resume}
+        write_config(run_dir, {"config": config, "team_file": str(team.path), "team": team.raw, **provenance()})
         metrics_log = MetricsWriter(run_dir, resume=resume)  # one row per recorded episode
         left = any(j.episode_id not in writer.done_ids for js in plans.values() for j in js)
         if pool is None and ray_opts is not None and left:  # a cluster and actors for this recording alone

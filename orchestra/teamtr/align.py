@@ -38,7 +38,7 @@ from torch import Tensor
 from orchestra.teamtr.config import seeded_generator
 from orchestra.teamtr.losses import kl_exact_per_token, masked_mean
 from orchestra.teamtr.protocols import Metrics
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import MetricsWriter
 
 Stop = Literal["delta_0", "max_steps"]
 Divergence = Literal["reverse", "forward", "sft"]

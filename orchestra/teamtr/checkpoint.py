@@ -23,7 +23,6 @@ under a temporary name and renamed when complete, so a killed run never leaves a
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -40,9 +39,17 @@ from torch import Tensor
 
 from orchestra.teamtr.config import RESUMABLE_FIELDS, TeamTRConfig
 from orchestra.teamtr.protocols import Metrics, TrainableTeam
-from policies.train_state import global_rng_state, set_global_rng_state
-from trajectories.durable import write_text_atomic
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import (
+    CONFIG_FILE,
+    MetricsWriter,
+    RNGState,
+    capture_rng,
+    check_config,
+    config_json,
+    restore_rng,
+    write_config,
+    write_text_atomic,
+)
 
 FORMAT = "orchestra.teamtr.run/1"
 METRICS_FILES = ("updates", "stages")
@@ -53,64 +60,20 @@ class CheckpointError(RuntimeError):
     """A checkpoint or metrics file is missing, damaged or does not fit the team; the message names the file."""
 
 
-class ConfigMismatchError(ValueError):
-    """Resuming under a config that differs from the checkpoint's; the message names every differing field."""
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # resolved config
 
 
-def _jsonable(value: Any) -> Any:
-    """Dataclasses → dicts, tuples → lists, recursively (the JSON form that is written and compared)."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def resolved_config(cfg: TeamTRConfig, team_config: Any, team_type: str) -> dict[str, Any]:
-    """The config written into the run directory and every checkpoint (and compared on resume)."""
-    return {"format": FORMAT, "trainer": _jsonable(cfg), "team_type": team_type, "team": _jsonable(team_config)}
+    """The config written into the run directory and every checkpoint (and compared on resume), in its JSON form."""
+    return config_json({"format": FORMAT, "trainer": cfg, "team_type": team_type, "team": team_config})
 
 
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested JSON object as ``{dotted.name: leaf}``."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else k))
-        return out
-    return {prefix: value}
-
-
-def differing_fields(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``(dotted name, saved leaf, current leaf)`` of every leaf where two JSON objects differ, sorted by name;
-    ``'<absent>'`` stands for a leaf one side lacks."""
-    a, b = flatten(saved), flatten(current)
-    return [
-        (k, a.get(k, "<absent>"), b.get(k, "<absent>"))
-        for k in sorted(a.keys() | b.keys())
-        if a.get(k, "<absent>") != b.get(k, "<absent>")
-    ]
-
-
-def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """Dotted names of the fields that differ (``trainer.scheme``, ``team.model.hidden_size``…), ignoring the
-    trainer knobs in :data:`~orchestra.teamtr.config.RESUMABLE_FIELDS`."""
-    ignored = {f"trainer.{name}" for name in RESUMABLE_FIELDS}
-    return [f"{k} ({x!r} → {y!r})" for k, x, y in differing_fields(saved, current) if k not in ignored]
-
-
-def check_config(saved: dict[str, Any], current: dict[str, Any], source: Path) -> None:
-    """Raise :class:`ConfigMismatchError` naming every differing field between ``saved`` (read from ``source``)
-    and ``current``."""
-    diffs = config_differences(saved, current)
-    if diffs:
-        raise ConfigMismatchError(f"cannot resume: the config differs from {source} in " + "; ".join(diffs))
+def check_resume(path: Path, current: dict[str, Any], saved: dict[str, Any] | None = None) -> None:
+    """Refuse to resume the run whose config is in ``path`` (or ``saved``, read from it) under another config: a
+    :class:`~trajectories.rundir.ConfigMismatchError` names every differing field but the trainer knobs in
+    :data:`~orchestra.teamtr.config.RESUMABLE_FIELDS`."""
+    check_config(path, current, saved=saved, may_differ=[f"trainer.{name}" for name in sorted(RESUMABLE_FIELDS)])
 
 
 def read_json(path: Path) -> Any:
@@ -161,14 +124,13 @@ class Checkpoint:
     optimizers: list[dict[str, Any] | None]  # per agent, optimizer state_dict or None
     kl_coefs: list[float]  # per agent, penalty β_i
     generators: dict[str, Tensor]  # torch.Generator.get_state() by purpose ("rollout", "order")
-    global_rng: dict[str, Tensor] = dataclasses.field(default_factory=dict)  # process-wide RNGs (filled on load)
-    numpy_rng: dict[str, Any] = dataclasses.field(default_factory=dict)  # numpy legacy RNG scalars (filled on load)
+    rng: RNGState | None = None  # process-wide torch (+ CUDA) and numpy RNGs (filled on load)
     source: Path | None = None  # the directory it was read from (error messages)
 
     def restore_global_rng(self) -> None:
         """Set the process-wide torch (+ CUDA) and numpy RNGs to their state when the checkpoint was written."""
-        if self.global_rng:
-            set_global_rng_state(self.global_rng, self.numpy_rng)
+        if self.rng is not None:
+            restore_rng(self.rng)
 
 
 def stage_dir_name(stage: int) -> str:
@@ -203,8 +165,8 @@ def save_checkpoint(root: Path, ckpt: Checkpoint, keep: int) -> Path:
             (tmp / "optimizers").mkdir(exist_ok=True)
             torch.save(opt, tmp / "optimizers" / f"{agent}.pt")
             files.append(tmp / "optimizers" / f"{agent}.pt")
-    rng_tensors, numpy_scalars = global_rng_state()
-    torch.save({**{f"generator_{k}": v for k, v in ckpt.generators.items()}, **rng_tensors}, tmp / "rng.pt")
+    rng = capture_rng(python=False)  # the loop draws from torch and numpy only
+    torch.save({**{f"generator_{k}": v for k, v in ckpt.generators.items()}, **rng.tensors}, tmp / "rng.pt")
     trainer_state = {
         "stage": ckpt.stage,
         "agent_names": list(ckpt.agent_names),
@@ -212,11 +174,10 @@ def save_checkpoint(root: Path, ckpt: Checkpoint, keep: int) -> Path:
         "kl_coefs": ckpt.kl_coefs,
         "optimizers": [opt is not None for opt in ckpt.optimizers],
         "references": ckpt.references is not None,
-        "numpy_rng": numpy_scalars,
+        "numpy_rng": rng.numpy,
     }
     (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2), encoding="utf-8")
-    (tmp / "config.json").write_text(json.dumps(ckpt.config, indent=2), encoding="utf-8")
-    files += [tmp / "rng.pt", tmp / "trainer_state.json", tmp / "config.json"]
+    files += [tmp / "rng.pt", tmp / "trainer_state.json", write_config(tmp, ckpt.config)]
     manifest = {str(p.relative_to(tmp)): _sha256(p) for p in files}
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     if final.exists():  # left by a killed run after its rename but before `latest` moved on
@@ -280,7 +241,7 @@ def _load_checkpoint(path: Path) -> Checkpoint:
             raise CheckpointError(f"damaged checkpoint file {file}: sha256 differs from {path / 'manifest.json'}")
     state = read_json(path / "trainer_state.json")
     names = tuple(state["agent_names"])
-    for required in [*(f"adapters/{a}.safetensors" for a in names), "rng.pt", "trainer_state.json", "config.json"]:
+    for required in [*(f"adapters/{a}.safetensors" for a in names), "rng.pt", "trainer_state.json", CONFIG_FILE]:
         if required not in manifest:
             raise CheckpointError(f"missing checkpoint file {path / required} (not in its manifest)")
     adapters = [_load_tensors(path / "adapters" / f"{a}.safetensors") for a in names]
@@ -293,7 +254,7 @@ def _load_checkpoint(path: Path) -> Checkpoint:
     ]
     rng = _load_pt(path / "rng.pt")
     return Checkpoint(
-        config=read_json(path / "config.json"),
+        config=read_json(path / CONFIG_FILE),
         stage=int(state["stage"]),
         counters=state["counters"],
         agent_names=names,
@@ -302,8 +263,7 @@ def _load_checkpoint(path: Path) -> Checkpoint:
         optimizers=optimizers,
         kl_coefs=[float(b) for b in state["kl_coefs"]],
         generators={k.removeprefix("generator_"): v for k, v in rng.items() if k.startswith("generator_")},
-        global_rng={k: v for k, v in rng.items() if not k.startswith("generator_")},
-        numpy_rng=state["numpy_rng"],
+        rng=RNGState({k: v for k, v in rng.items() if not k.startswith("generator_")}, state["numpy_rng"]),
     )
 
 
@@ -325,8 +285,9 @@ def check_adapter_state(file: Path, loaded: dict[str, Tensor], expected: dict[st
 
 
 class RunDirectory:
-    """``out_dir`` of one run: checks and writes ``config.json``, finds the checkpoint to resume from, truncates the
-    metrics files back to it, then appends metrics and writes a checkpoint at the end of every stage.
+    """``out_dir`` of one run: checks and writes ``config.json`` (:mod:`trajectories.rundir`), finds the checkpoint to
+    resume from, truncates the metrics files back to it, then appends metrics and writes a checkpoint at the end of
+    every stage.
 
     ``resume``: False = a new run (``out_dir`` must not hold one); True = continue from ``checkpoints/latest`` (a fresh
     start if there is no checkpoint yet); a path = continue from that ``stage-XXXX`` directory.
@@ -337,7 +298,7 @@ class RunDirectory:
     ) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
-        config_file = self.path / "config.json"
+        config_file = self.path / CONFIG_FILE
         self.checkpoint: Checkpoint | None = None
         if resume is False:
             if config_file.exists() or self.checkpoints.exists():
@@ -347,11 +308,10 @@ class RunDirectory:
             if source is not None:
                 self.checkpoint = load_checkpoint(source)
                 self.checkpoint.source = source
-                check_config(self.checkpoint.config, config, source / "config.json")
+                check_resume(source / CONFIG_FILE, config, saved=self.checkpoint.config)
             elif config_file.exists():
-                check_config(read_json(config_file), config, config_file)
-        self.path.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(config_file, json.dumps(config, indent=2) + "\n")
+                check_resume(config_file, config)
+        write_config(self.path, config)
         ckpt = self.checkpoint
         counts = (int(ckpt.counters["update_index"]), ckpt.stage) if ckpt is not None else (0, 0)
         self.writers = {

@@ -39,7 +39,6 @@ from torch import Tensor
 
 from orchestra.teamtr.checkpoint import (
     CheckpointError,
-    ConfigMismatchError,
     RunDirectory,
     capture,
     resolved_config,
@@ -72,6 +71,7 @@ from orchestra.teamtr.signals import (
     surrogate_gain,
 )
 from orchestra.teamtr.trust_region import backtrack, penalty_update, token_kl
+from trajectories.rundir import ConfigMismatchError
 
 # ----------------------------------------------------------------------------------------------------------------
 # the loss (its advantages, credit and diagnostics: orchestra.teamtr.signals)
@@ -623,7 +623,7 @@ def train(
     return log
 
 
-__all__ = [  # the trainer's API, with the names re-exported from .config, .protocols and .checkpoint
+__all__ = [  # the trainer's API, with the names re-exported from .config, .protocols, .checkpoint and trajectories.rundir
     "SCHEMES",
     "AgentState",
     "BatchT",

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestra.experiments.harness import config_json, episode_stage
+from orchestra.experiments.harness import episode_stage
 from orchestra.teamtr.chain import ChainConfig
 from orchestra.teamtr.config import CHAIN_TRAINER, SCHEMES, Scheme, TeamTRConfig, derive_seed
+from trajectories.rundir import config_json
 
 # controls that are not trainer schemes: naive with n × the batch (equal episodes per stage, every one stale)
 CHAIN_VARIANTS: tuple[str, ...] = ("naive_bigB",)

@@ -21,7 +21,6 @@ existing ``runs.csv`` with the same ``config.json`` are skipped (resume per run:
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +36,7 @@ from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish,
 from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
-from trajectories.metrics import MetricsWriter
+from trajectories.rundir import CONFIG_FILE, MetricsWriter, check_config, write_config
 
 # the columns of runs.csv and how each is read back (a NaN is written empty)
 RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
@@ -172,17 +171,17 @@ def run_chain_experiment(
     Resume: if ``out_dir`` already holds this exact ``config.json``, runs complete in its ``runs.csv`` are skipped.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config.
+        ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (naming every field).
     """
     talk = say or stderr_say(True)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path, runs_path = out / "config.json", out / "runs.csv"
+    config_path, runs_path = out / CONFIG_FILE, out / "runs.csv"
     resume = config_path.exists()
-    if resume and json.loads(config_path.read_text()) != cfg.to_json():
-        raise FileExistsError(f"{config_path} holds a different bench config; use another output directory")
-    config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    if resume:
+        check_config(config_path, cfg, hint="use another output directory")
+    write_config(out, cfg)
     log = RowLog(runs_path, RUN_COLUMNS, _cell, lambda rows: complete_runs(cfg, rows), nan="", resume=resume)
     reused = len(log.done)
     for n in cfg.ns:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from orchestra.experiments.harness import config_json, episode_stage
+from orchestra.experiments.harness import episode_stage
 from orchestra.teamtr.config import SCHEMES, TeamTRConfig, derive_seed
 from orchestra.teamtr.llm_config import LLMTeamConfig
+from trajectories.rundir import config_json
 
 # the untrained team, evaluated at stage 0 and compared with every scheme
 FROZEN = "frozen"

@@ -19,7 +19,6 @@ file is the harness's (:class:`~orchestra.experiments.harness.RowLog`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -28,8 +27,8 @@ from typing import Any
 
 from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, stderr_say
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
-from orchestra.teamtr.checkpoint import differing_fields
 from orchestra.teamtr.config import derive_seed
+from trajectories.rundir import CONFIG_FILE, check_config, read_config, write_config
 
 # the columns of evals.csv (one row per evaluation and held-out task) and how each is read back
 EVAL_COLUMNS: dict[str, Callable[[str], Any]] = {
@@ -103,17 +102,11 @@ def check_stored_config(path: Path, cfg: LLMExperimentConfig) -> None:
     runs go scheme by scheme, so every earlier evaluation stays valid; the Holm families then hold more comparisons.
 
     Raises:
-        FileExistsError: naming the fields that differ.
+        ConfigMismatchError: naming every field that differs (saved → current).
     """
-    stored, new = json.loads(path.read_text()), cfg.to_json()
-    fields = [name for name, _, _ in differing_fields(stored, new)]
-    old_schemes, new_schemes = list(stored.get("schemes") or []), list(new["schemes"])
-    if not fields or (fields == ["schemes"] and new_schemes[: len(old_schemes)] == old_schemes):
-        return
-    raise FileExistsError(
-        f"{path} holds a different benchmark config ({', '.join(fields)} differ); use another output directory "
-        f"(schemes may only be appended to {' '.join(old_schemes)})"
-    )
+    saved = read_config(path)
+    hint = f"use another output directory (schemes may only be appended to {' '.join(saved.get('schemes') or [])})"
+    check_config(path, cfg, saved=saved, may_extend=["schemes"], hint=hint)
 
 
 def run_llm_experiment(
@@ -130,7 +123,7 @@ def run_llm_experiment(
     already in ``out_dir``, marked interim when some are missing.
 
     Raises:
-        FileExistsError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
+        ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
             :func:`check_stored_config`).
     """
     from orchestra.experiments.llm.analysis import analyse
@@ -142,10 +135,10 @@ def run_llm_experiment(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path, evals_path = out / "config.json", out / "evals.csv"
+    config_path, evals_path = out / CONFIG_FILE, out / "evals.csv"
     if config_path.exists():
         check_stored_config(config_path, cfg)
-    config_path.write_text(json.dumps(cfg.to_json(), indent=2) + "\n")
+    write_config(out, cfg)
     evals = RowLog(
         evals_path, EVAL_COLUMNS, _evaluation, lambda got: complete_evaluations(got, cfg.eval_tasks), nan="nan"
     )
