@@ -83,9 +83,11 @@ def run(
                 t0 = time.perf_counter()
                 with RayPool(opts, team, None, run_opts) as pool:
                     m[f"actors{actors}/start_s"] = time.perf_counter() - t0
-                    record(RecordConfig(team, conductor, actors, run=warm), tmp / f"warm{actors}", pool=pool)
+                    record(RecordConfig(team, conductor, actors, run=warm), tmp / f"warm{actors}", player=pool)
                     t0 = time.perf_counter()
-                    res = record(RecordConfig(team, conductor, episodes, run=run_opts), tmp / f"ray{actors}", pool=pool)
+                    res = record(
+                        RecordConfig(team, conductor, episodes, run=run_opts), tmp / f"ray{actors}", player=pool
+                    )
                     results[f"{actors} actor{'s' if actors > 1 else ''}"] = (time.perf_counter() - t0, res)
     finally:
         ray.shutdown()

@@ -401,6 +401,7 @@ def test_resume_moves_partial_tail_to_sidecar_and_continues(tmp_path: Path) -> N
 
     with TrajectoryWriter(path, resume=True) as writer:
         assert writer.done_ids == {"e0", "e1", "e2"}
+        assert [e.episode_id for e in writer.earlier] == ["e0", "e1", "e2"]  # read once, in file order
         assert writer.sidecar == tmp_path / "t.jsonl.damaged-1"
         assert writer.sidecar.read_bytes() == partial  # never lose bytes
         assert [(p.line, p.kind) for p in writer.problems] == [(4, "truncated")]
@@ -426,6 +427,7 @@ def test_resume_keeps_damaged_middle_lines_and_a_complete_line_missing_its_newli
     path.write_bytes(line_of(make_episode("e0")) + damaged + line_of(make_episode("e1")) + last)
     with TrajectoryWriter(path, resume=True) as writer:
         assert writer.done_ids == {"e0", "e1", "e2"}
+        assert [e.episode_id for e in writer.earlier] == ["e0", "e1", "e2"]  # what reading the file gives
         assert writer.sidecar is None
         assert [(p.line, p.kind) for p in writer.problems] == [(2, "damaged")]
         writer.write(make_episode("e3"))

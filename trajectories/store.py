@@ -210,7 +210,7 @@ class TrajectoryWriter:
     """Append episodes to a JSONL file, one fsynced line each; resumable after a kill.
 
     ``resume=False`` refuses an existing file (never clobber a run). ``resume=True`` scans it:
-    ``done_ids`` gets the ids of valid episodes, ``problems`` every bad line; a cut-off tail is
+    ``done_ids`` gets the ids of valid episodes, ``earlier`` those episodes (what reading the file back would give), ``problems`` every bad line; a cut-off tail is
     moved to ``sidecar`` (``<path>.damaged-<n>``) and the file truncated to its last good line;
     damaged middle lines stay where they are. The file is locked (``flock``) while open, so two
     processes cannot interleave lines.
@@ -219,6 +219,7 @@ class TrajectoryWriter:
     def __init__(self, path: PathLike, *, resume: bool = False) -> None:
         self.path = Path(path)
         self.done_ids: set[str] = set()
+        self.earlier: list[Episode] = []  # resume: the valid episodes already in the file, in file order
         self.problems: list[Problem] = []
         self.sidecar: Path | None = None
         self._file: IO[bytes] | None = None
@@ -255,6 +256,7 @@ class TrajectoryWriter:
         for line, result in _scan(self.path, seen):
             if isinstance(result, Episode):
                 self.done_ids.add(result.episode_id)
+                self.earlier.append(result)
             else:
                 self.problems.append(result)
             if line.is_last:

@@ -3,7 +3,6 @@ report (tables, CSV, plots) from the recorded episodes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,9 +13,9 @@ from orchestra.jobs.record import RecordConfig, record
 from orchestra.report.evaluation import ResultRow, evaluation_report
 from orchestra.report.robustness import robustness_rows, write_robustness
 from orchestra.runtime.conductors import split_spec
-from orchestra.runtime.distributed import RayOptions, RayPool, ray_cluster
+from orchestra.runtime.players import Players
 from orchestra.runtime.session import RunOptions, Session
-from trajectories import Episode, read_trajectories
+from trajectories import Episode
 from trajectories.rundir import write_config
 
 
@@ -56,30 +55,25 @@ def evaluate(cfg: EvaluateConfig, out_dir: str | Path) -> Evaluation:
     for spec in cfg.perturb:
         parse_perturbation(spec)  # a bad spec is refused before anything runs
     replies: dict[str, dict[str, float]] = {}
-    ray_opts = RayOptions.of(cfg.run)
-    with contextlib.ExitStack() as stack:
-        if ray_opts is not None:
-            stack.enter_context(ray_cluster(ray_opts))  # one cluster for the whole evaluation
+    with Players(cfg.run) as players:  # one Ray cluster (--ray) for the whole evaluation
         for team_name in cfg.teams:
             session = Session.of(team_name, None, cfg.run)
-            with contextlib.ExitStack() as team_stack:
-                pool = None  # one pool of actors per team, for all its conductors and perturbations
-                if ray_opts is not None:
-                    pool = team_stack.enter_context(RayPool(ray_opts, team_name, None, cfg.run))
+            # one player per team (its Ray actors), for all its conductors and perturbations
+            with players.open(team_name, None, session) as player:
                 for spec in cfg.conductors:
                     conductor = spec.replace("{team}", session.team.name)
                     rc = RecordConfig(team_name, conductor, cfg.episodes, cfg.split, run=cfg.run)
                     label, _ = split_spec(conductor)
                     path = out / "episodes" / f"{session.team.name}-{label}.jsonl"
-                    res = record(rc, path, resume=True, session=session, pool=pool)
-                    all_eps.extend(read_trajectories(res.trajectories).episodes)
+                    res = record(rc, path, resume=True, session=session, player=player)
+                    all_eps.extend(res.recorded)
                     counts = {k: v for k, v in res.metrics.items() if k.startswith("conductor/")}
                     if counts.get("conductor/decisions"):
                         replies[f"{session.team.name}/{label}"] = counts
                     for kind in cfg.perturb:
                         path = out / "episodes" / f"{session.team.name}-{label}@{kind}.jsonl"
-                        res = record(replace(rc, perturb=(kind,)), path, resume=True, session=session, pool=pool)
-                        perturbed[kind].extend(read_trajectories(res.trajectories).episodes)
+                        res = record(replace(rc, perturb=(kind,)), path, resume=True, session=session, player=player)
+                        perturbed[kind].extend(res.recorded)
     rows, _paired, paths = evaluation_report(all_eps, out)
     if cfg.perturb:
         paths.update(write_robustness(robustness_rows(all_eps, perturbed), out))

@@ -1,4 +1,4 @@
-"""Phase 1 end to end, as an evaluation protocol (docs/protocol.md).
+"""Phase 1 end to end, as a benchmark protocol (docs/benchmark.md).
 
 1. **Record** training data on the *train* split: every rule of each team's menu (its team file's
    rules, ``orchestra.runtime.conductors.team_rules``) plus ``random``, and two rules with ε-exploration.
@@ -38,21 +38,11 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
+from orchestra.jobs.phase1_report import best_of, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
-from orchestra.report.benchmark import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
-from orchestra.report.evaluation import (
-    PAIRED_LEGEND,
-    ResultRow,
-    format_collapse_table,
-    format_paired_table,
-    format_table,
-    mode_collapse,
-    paired_comparison,
-    summarize,
-    write_report,
-)
-from orchestra.report.plots import plot_cost_quality
+from orchestra.report.benchmark import FQERow, HeadroomRow
+from orchestra.report.evaluation import ResultRow, summarize
 from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
 from policies.dataset import ConductorDataset, FeatureSet, build_dataset
@@ -66,7 +56,7 @@ from policies.offline import (
     fqe_evaluate,
     train_offline,
 )
-from trajectories import Episode, read_many
+from trajectories import Episode
 from trajectories.rundir import atomic_path, write_config, write_table
 
 
@@ -148,16 +138,119 @@ class Phase1Result:
     paths: dict[str, Path]
 
 
+@dataclass
+class _Run:
+    """What every stage of one phase-1 run shares."""
+
+    cfg: Phase1Config
+    out: Path  # the run directory
+    sessions: dict[str, Session]  # by team name: one per team, reused by every stage (workers, backends, cache)
+    specs: dict[str, str]  # team name -> the team as given (built-in name or file)
+    menus: dict[str, list[str]]  # team name -> every rule of its team file
+    configs: dict[str, OfflineConfig]  # every learner configuration by label
+
+    @classmethod
+    def of(cls, cfg: Phase1Config, out: Path) -> _Run:
+        sessions: dict[str, Session] = {}
+        specs: dict[str, str] = {}
+        for t in cfg.teams:
+            session = Session.of(t, None, cfg.run)
+            sessions[session.team.name], specs[session.team.name] = session, t
+        menus = {name: team_rules(session.team) for name, session in sessions.items()}
+        return cls(cfg, out, sessions, specs, menus, cfg.learner_configs())
+
+    def play(self, name: str, conductors: Sequence[str], split: str, n: int, path: Path) -> list[Episode]:
+        return play(self.cfg, self.specs[name], conductors, split, n, path, self.sessions[name])
+
+
+@dataclass
+class _Learned:
+    """Stage 3: per team its training dataset and observation encoder, and every learner trained on ``seeds[0]``."""
+
+    datasets: dict[str, ConductorDataset]
+    encoders: dict[str, ObservationEncoder]
+    trained: dict[tuple[str, str], OfflineConductor]  # (team, config label) -> final checkpoint
+
+
+@dataclass
+class _Validation:
+    """Stages 2 and 4: every validation episode (menu and learner checkpoints) per team, the best fixed schedule,
+    the checkpoints evaluated and the configuration released per algorithm."""
+
+    episodes: dict[str, list[Episode]]
+    best_fixed: dict[str, str]  # team -> rule
+    policies: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)  # team -> (label@epoch, folder)
+    released: dict[str, dict[str, str]] = field(default_factory=dict)  # team -> algo -> config label
+
+
+@dataclass
+class _Test:
+    """Stage 6: every test episode, the released learners' labels per seed and the ledger."""
+
+    episodes: list[Episode]
+    learners: dict[str, dict[str, list[str]]]  # team -> algo -> labels per seed
+    ledger: Path
+
+
+def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
+    """Phase 1 end to end (the module's docstring): each stage below resumes what a killed run left."""
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    write_config(out, {"phase1": cfg})
+    n = 7
+    run = _Run.of(cfg, out)
+    _stage(
+        1, n, f"recording the menu (+ ε={cfg.epsilon:g}) on {cfg.train_episodes} training tasks: {', '.join(cfg.teams)}"
+    )
+    files = record_training_data(run)
+    _stage(2, n, f"the menu on {cfg.validation_episodes} validation tasks per family: the best fixed schedule")
+    val = validate_menu(run)
+    _stage(3, n, f"building datasets and training {len(run.configs)} learner configurations: {', '.join(run.configs)}")
+    learned = train_learners(run, files)
+    _stage(4, n, "every learner checkpoint (mid-training and final) on the validation tasks")
+    validate_learners(run, val)
+    _stage(5, n, "FQE from the training logs at the validation tasks' initial states vs the returns measured there")
+    fqe_rows, selection = fqe_check(run, val, learned)
+    _stage(
+        6,
+        n,
+        f"test, once: the menu, random and the released learners × {len(cfg.seeds)} seeds on {cfg.eval_episodes} tasks",
+    )
+    test = evaluate_on_test(run, val, learned)
+    _stage(7, n, "report: oracle router, headroom, paired tests, LLM-required subset, cost–quality plane")
+    tables = report_tables(out, run.menus, val.best_fixed, val.released, test.episodes, test.learners)
+    rules = distil_released(run, val, learned)
+    scale = (
+        f"Tasks per family: train {cfg.train_episodes} per source conductor, validation {cfg.validation_episodes}, "
+        f"test {cfg.eval_episodes}; training seeds {', '.join(map(str, cfg.seeds))}; run seed {cfg.run.seed}."
+        + (f" Produced by `{command}`." if command else "")
+    )
+    n_ledger = len([ln for ln in test.ledger.read_text(encoding="utf-8").splitlines() if ln.strip()])
+    summary = summary_md(scale, tables, test.episodes, n_ledger, fqe_rows, selection, rules, cfg.seeds, cfg.run.seed)
+    elapsed = time.perf_counter() - t0
+    summary.append(f"Run time: {elapsed:.0f} s on this machine.")
+    md = out / "summary.md"
+    md.write_text("\n".join(summary) + "\n", encoding="utf-8")
+    report_dir = out / "report"
+    paths = {**tables.paths, "summary": md, "fqe": out / "fqe.csv", "ledger": test.ledger,
+             "headroom": report_dir / "headroom.csv"}  # fmt: skip
+    print()
+    print("\n".join(summary))
+    print(f"\nfinished in {elapsed:.0f} s; summary: {md}")
+    return Phase1Result(tables.rows, tables.headroom, fqe_rows, rules, paths)
+
+
 def _stage(i: int, n: int, msg: str) -> None:
     print(f"[{i}/{n}] {msg}", flush=True)
 
 
-def record_stage(
-    cfg: Phase1Config, out: Path, sessions: dict[str, Session], specs: dict[str, str]
-) -> dict[str, list[Path]]:
+def record_training_data(run: _Run) -> dict[str, list[Path]]:
+    """Stage 1: per team, the menu (or ``record_conductors``) plus ``random`` on the training tasks, and the
+    exploring rules with ε; the trajectory files by team."""
+    cfg, out = run.cfg, run.out
     files: dict[str, list[Path]] = {}
-    for name, session in sessions.items():
-        team = specs[name]
+    for name, session in run.sessions.items():
+        team = run.specs[name]
         sources = cfg.record_conductors or [*team_rules(session.team), "random"]
         rule = out / "record" / f"{name}-rule.jsonl"
         rc = RecordConfig(team, ",".join(sources), cfg.train_episodes, "train", run=cfg.run)
@@ -171,6 +264,155 @@ def record_stage(
             record(rc, explore, resume=True, session=session)
             files[name].append(explore)
     return files
+
+
+def validate_menu(run: _Run) -> _Validation:
+    """Stage 2: every rule of the menu on the validation tasks; the best there is the family's best fixed schedule."""
+    cfg, out = run.cfg, run.out
+    val = _Validation({}, {})
+    for name in run.sessions:
+        eps = run.play(name, run.menus[name], "validation", cfg.validation_episodes,
+                       out / "validation" / name / "menu.jsonl")  # fmt: skip
+        val.episodes[name] = eps
+        val.best_fixed[name] = best_of(summarize(eps), run.menus[name]).conductor
+        print(f"  {name}: best fixed schedule on validation: {val.best_fixed[name]}")
+    return val
+
+
+def train_learners(run: _Run, files: dict[str, list[Path]]) -> _Learned:
+    """Stage 3: each team's dataset from its training recordings, and every learner configuration trained on it."""
+    out = run.out
+    learned = _Learned({}, {}, {})
+    for name, sources in files.items():
+        env_cfg = run.sessions[name].team.env
+        enc = ObservationEncoder(env_cfg)
+        learned.encoders[name] = enc
+        ds = build_dataset(sources, env_cfg, enc)
+        ds.save(out / "datasets" / f"{name}.npz")
+        (out / "datasets" / f"{name}.summary.json").write_text(json.dumps(ds.summary(), indent=2))
+        learned.datasets[name] = ds
+        for label, oc in run.configs.items():
+            res = train_offline(ds, oc, out / "models" / name / label / f"s{oc.seed}", resume="if_same")
+            learned.trained[(name, label)] = res.conductor
+            print(f"  {name}/{label}: agreement with the logged actions {res.metrics[-1]['perf/agreement']:.3f}")
+    return learned
+
+
+def validate_learners(run: _Run, val: _Validation) -> None:
+    """Stage 4: every learner checkpoint (mid-training and final) on the validation tasks, its episodes added to
+    ``val``; per algorithm the configuration best there is released."""
+    cfg, out, configs = run.cfg, run.out, run.configs
+    epochs = max(1, cfg.n_steps // cfg.n_steps_per_epoch)
+    marks = sorted({max(1, (epochs + 1) // 2), epochs})
+    for name in run.sessions:
+        pols = []
+        for label, oc in configs.items():
+            for ep in marks:
+                folder = out / "models" / name / label / f"s{oc.seed}" / "epochs" / str(ep)
+                pols.append((f"{label}@{ep}", folder))
+        val.policies[name] = pols
+        for pol, folder in pols:
+            path = out / "validation" / name / f"{pol}.jsonl"
+            drop_stale_evaluation(path, folder)
+            val.episodes[name] += run.play(name, [f"{pol}:{folder}"], "validation", cfg.validation_episodes, path)
+        vrows = {r.conductor: r for r in summarize(val.episodes[name])}
+        val.released[name] = {}
+        for algo in cfg.algos:
+            cands = [lab for lab, oc in configs.items() if oc.algo == algo]
+            pick = max(
+                cands, key=lambda lab: (vrows[f"{lab}@{epochs}"].success_rate, vrows[f"{lab}@{epochs}"].mean_return)
+            )
+            val.released[name][algo] = pick
+        print(
+            f"  {name}: released (chosen on validation): "
+            + ", ".join(f"{a}={c}" for a, c in val.released[name].items())
+        )
+
+
+def fqe_check(run: _Run, val: _Validation, learned: _Learned) -> tuple[list[FQERow], dict[str, stats.FQESelection]]:
+    """Stage 5: FQE's estimate of every validated checkpoint against the return measured on validation, and how
+    well it would have selected among them (Spearman, regret); the estimates in ``fqe.csv``."""
+    cfg, out = run.cfg, run.out
+    fqe_rows: list[FQERow] = []
+    selection: dict[str, stats.FQESelection] = {}
+    for name in run.sessions:
+        vrows = {r.conductor: r for r in summarize(val.episodes[name])}
+        firsts = [e for e in val.episodes[name] if e.conductor.name == val.best_fixed[name]]
+        s0, m0 = initial_states(firsts, learned.encoders[name])
+        for pol, folder in val.policies[name]:
+            fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed)
+            estimate = fqe_estimate(out / "fqe" / name / f"{pol}.json", folder, run.sessions[name].team.env,
+                                    learned.encoders[name], learned.datasets[name], fcfg, (s0, m0))  # fmt: skip
+            m = vrows[pol]
+            fqe_rows.append(FQERow(name, pol, estimate, m.mean_return, m.return_ci_low, m.return_ci_high))
+        mine = [f for f in fqe_rows if f.team == name]
+        if len(mine) >= 2:
+            selection[name] = stats.fqe_selection([f.fqe_estimate for f in mine], [f.measured_return for f in mine])
+            sel = selection[name]
+            print(f"  {name}: Spearman {sel.spearman:+.2f} over {sel.n_policies} policies, regret {sel.regret:.3f}")
+    write_table(out / "fqe.csv", fqe_rows, FQERow.__dataclass_fields__)
+    return fqe_rows, selection
+
+
+def evaluate_on_test(run: _Run, val: _Validation, learned: _Learned) -> _Test:
+    """Stage 6: the menu, ``random`` and the released learners (trained with every seed) on the test split, each
+    evaluation in the ledger once."""
+    cfg, out = run.cfg, run.out
+    test = _Test([], {}, out / "test_ledger.jsonl")
+    ledger = test.ledger
+    for name, session in run.sessions.items():
+        team_file = session.team.path.read_bytes()
+        menu_path = out / "test" / name / "menu.jsonl"
+        n_test = min(cfg.eval_episodes, cfg.test_caps.get(name, cfg.eval_episodes))
+        ledger_entry(ledger, {"team": name, "conductors": [*run.menus[name], "random"], "tasks": n_test,
+                              "team_file_sha256": hashlib.sha256(team_file).hexdigest()})  # fmt: skip
+        test.episodes += run.play(name, [*run.menus[name], "random"], "test", n_test, menu_path)
+        test.learners[name] = {}
+        for algo, label in val.released[name].items():
+            test.learners[name][algo] = []
+            for seed in cfg.seeds:
+                folder = out / "models" / name / label / f"s{seed}"
+                if seed != cfg.seeds[0]:
+                    oc = dataclasses.replace(run.configs[label], seed=seed, keep_epochs=False)
+                    train_offline(learned.datasets[name], oc, folder, resume="if_same")
+                lab = f"{algo}-s{seed}"
+                path = out / "test" / name / f"{lab}.jsonl"
+                drop_stale_evaluation(path, folder)
+                ledger_entry(ledger, {"team": name, "conductor": lab, "config": label, "tasks": n_test,
+                                      "model_sha256": model_digest(folder)})  # fmt: skip
+                test.episodes += run.play(name, [f"{lab}:{folder}"], "test", n_test, path)
+                test.learners[name][algo].append(lab)
+    return test
+
+
+def distil_released(run: _Run, val: _Validation, learned: _Learned) -> dict[str, str]:
+    """Each released learner (seed 0) distilled into a decision tree over its training states (``distill/``);
+    ``team/algo`` -> its fidelity and rules."""
+    cfg = run.cfg
+    rules: dict[str, str] = {}
+    for name in run.sessions:
+        ds = learned.datasets[name]
+        for algo, label in val.released[name].items():
+            c = learned.trained[(name, label)]
+            labels = c.predict(ds.observations, ds.masks)
+            res_d = distill(labels, ds.observations, ds.masks, ds.feature_names, ds.action_labels,
+                            DistillConfig(max_depth=cfg.distill_depth, seed=cfg.run.seed), episode_index=ds.episode_index)  # fmt: skip
+            res_d.save(run.out / "distill" / name / algo)
+            rules[f"{name}/{algo}"] = (
+                f"fidelity {res_d.fidelity_heldout:.3f} on held-out states "
+                f"({res_d.n_heldout}), {res_d.fidelity_train:.3f} on training states\n{res_d.rules}"
+            )
+    return rules
+
+
+def play(
+    cfg: Phase1Config, team: str, specs: Sequence[str], split: str, n: int, path: Path, session: Session
+) -> list[Episode]:
+    """Run conductors (NAME or LABEL:CHECKPOINT) on the same ``n`` tasks of ``split``; resumes ``path``. Episodes a
+    backend fault ended stay in the file (``orchestra trajectories stats`` counts them) but are not outcomes: they
+    are not returned."""
+    res = record(RecordConfig(team, ",".join(specs), n, split, run=cfg.run), path, resume=True, session=session)  # type: ignore[arg-type]
+    return [e for e in res.recorded if e.error is None]
 
 
 def model_digest(folder: Path) -> str:
@@ -227,16 +469,6 @@ def fqe_estimate(
     return r.estimate
 
 
-def play(
-    cfg: Phase1Config, team: str, specs: Sequence[str], split: str, n: int, path: Path, session: Session
-) -> list[Episode]:
-    """Run conductors (NAME or LABEL:CHECKPOINT) on the same ``n`` tasks of ``split``; resumes ``path``. Episodes a
-    backend fault ended stay in the file (``orchestra trajectories stats`` counts them) but are not outcomes: they
-    are not returned."""
-    res = record(RecordConfig(team, ",".join(specs), n, split, run=cfg.run), path, resume=True, session=session)  # type: ignore[arg-type]
-    return [e for e in read_many([res.trajectories]).episodes if e.error is None]
-
-
 def ledger_entry(path: Path, entry: dict[str, object]) -> bool:
     """Append a test evaluation to the run's ledger unless the same one is there already (a resumed run);
     returns whether it was new. The ledger is the record that the test split was used once per released
@@ -254,18 +486,6 @@ def ledger_entry(path: Path, entry: dict[str, object]) -> bool:
     return True
 
 
-def _best(rows: Sequence[ResultRow], names: Sequence[str]) -> ResultRow:
-    cand = [r for r in rows if r.conductor in names]
-    return max(cand, key=lambda r: (r.success_rate, r.mean_return, [-ord(c) for c in r.conductor]))
-
-
-def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]]:
-    out: dict[str, dict[tuple[str, int], Episode]] = {}
-    for e in eps:
-        out.setdefault(e.conductor.name, {})[(e.task.id, e.seed)] = e
-    return out
-
-
 def initial_states(eps: Sequence[Episode], encoder: ObservationEncoder) -> tuple[np.ndarray, np.ndarray]:
     """The first observation and action mask of each task (one per task id and seed), the observation re-encoded
     from the recorded state with ``encoder``, so it has the layout the learners were trained with even when the
@@ -278,283 +498,6 @@ def initial_states(eps: Sequence[Episode], encoder: ObservationEncoder) -> tuple
         encoder.encode_many([e.steps[0].state for e in firsts]).astype(np.float32),
         np.asarray([e.steps[0].action_mask for e in firsts], dtype=np.int8),
     )
-
-
-def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
-    t0 = time.perf_counter()
-    out.mkdir(parents=True, exist_ok=True)
-    write_config(out, {"phase1": cfg})
-    n = 7
-    configs = cfg.learner_configs()
-    sessions: dict[str, Session] = {}  # one per team, reused by every stage (workers, backends, cache)
-    specs: dict[str, str] = {}  # team name -> the team as given (built-in name or file)
-    for t in cfg.teams:
-        session = Session.of(t, None, cfg.run)
-        sessions[session.team.name], specs[session.team.name] = session, t
-    _stage(
-        1, n, f"recording the menu (+ ε={cfg.epsilon:g}) on {cfg.train_episodes} training tasks: {', '.join(cfg.teams)}"
-    )
-    files = record_stage(cfg, out, sessions, specs)
-    menus = {name: team_rules(session.team) for name, session in sessions.items()}
-    _stage(2, n, f"the menu on {cfg.validation_episodes} validation tasks per family: the best fixed schedule")
-    val_eps: dict[str, list[Episode]] = {}
-    best_fixed: dict[str, str] = {}
-    for name, session in sessions.items():
-        team = specs[name]
-        eps = play(cfg, team, menus[name], "validation", cfg.validation_episodes,
-                   out / "validation" / name / "menu.jsonl", session)  # fmt: skip
-        val_eps[name] = eps
-        best_fixed[name] = _best(summarize(eps), menus[name]).conductor
-        print(f"  {name}: best fixed schedule on validation: {best_fixed[name]}")
-
-    _stage(3, n, f"building datasets and training {len(configs)} learner configurations: {', '.join(configs)}")
-    datasets: dict[str, ConductorDataset] = {}
-    encoders: dict[str, ObservationEncoder] = {}
-    trained: dict[tuple[str, str], OfflineConductor] = {}
-    for name, sources in files.items():
-        env_cfg = sessions[name].team.env
-        enc = ObservationEncoder(env_cfg)
-        encoders[name] = enc
-        ds = build_dataset(sources, env_cfg, enc)
-        ds.save(out / "datasets" / f"{name}.npz")
-        (out / "datasets" / f"{name}.summary.json").write_text(json.dumps(ds.summary(), indent=2))
-        datasets[name] = ds
-        for label, oc in configs.items():
-            res = train_offline(ds, oc, out / "models" / name / label / f"s{oc.seed}", resume="if_same")
-            trained[(name, label)] = res.conductor
-            print(f"  {name}/{label}: agreement with the logged actions {res.metrics[-1]['perf/agreement']:.3f}")
-
-    _stage(4, n, "every learner checkpoint (mid-training and final) on the validation tasks")
-    epochs = max(1, cfg.n_steps // cfg.n_steps_per_epoch)
-    marks = sorted({max(1, (epochs + 1) // 2), epochs})
-    released: dict[str, dict[str, str]] = {}  # team -> algo -> config label
-    val_policies: dict[str, list[tuple[str, Path]]] = {}
-    for name, session in sessions.items():
-        team = specs[name]
-        pols = []
-        for label, oc in configs.items():
-            for ep in marks:
-                folder = out / "models" / name / label / f"s{oc.seed}" / "epochs" / str(ep)
-                pols.append((f"{label}@{ep}", folder))
-        val_policies[name] = pols
-        for pol, folder in pols:
-            path = out / "validation" / name / f"{pol}.jsonl"
-            drop_stale_evaluation(path, folder)
-            val_eps[name] += play(cfg, team, [f"{pol}:{folder}"], "validation", cfg.validation_episodes, path, session)
-        vrows = {r.conductor: r for r in summarize(val_eps[name])}
-        released[name] = {}
-        for algo in cfg.algos:
-            cands = [lab for lab, oc in configs.items() if oc.algo == algo]
-            pick = max(
-                cands, key=lambda lab: (vrows[f"{lab}@{epochs}"].success_rate, vrows[f"{lab}@{epochs}"].mean_return)
-            )
-            released[name][algo] = pick
-        print(f"  {name}: released (chosen on validation): " + ", ".join(f"{a}={c}" for a, c in released[name].items()))
-
-    _stage(5, n, "FQE from the training logs at the validation tasks' initial states vs the returns measured there")
-    fqe_rows: list[FQERow] = []
-    selection: dict[str, stats.FQESelection] = {}
-    for name in sessions:
-        vrows = {r.conductor: r for r in summarize(val_eps[name])}
-        s0, m0 = initial_states([e for e in val_eps[name] if e.conductor.name == best_fixed[name]], encoders[name])
-        for pol, folder in val_policies[name]:
-            fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed)
-            estimate = fqe_estimate(out / "fqe" / name / f"{pol}.json", folder, sessions[name].team.env,
-                                    encoders[name], datasets[name], fcfg, (s0, m0))  # fmt: skip
-            m = vrows[pol]
-            fqe_rows.append(FQERow(name, pol, estimate, m.mean_return, m.return_ci_low, m.return_ci_high))
-        mine = [f for f in fqe_rows if f.team == name]
-        if len(mine) >= 2:
-            selection[name] = stats.fqe_selection([f.fqe_estimate for f in mine], [f.measured_return for f in mine])
-            sel = selection[name]
-            print(f"  {name}: Spearman {sel.spearman:+.2f} over {sel.n_policies} policies, regret {sel.regret:.3f}")
-    write_table(out / "fqe.csv", fqe_rows, FQERow.__dataclass_fields__)
-
-    _stage(
-        6,
-        n,
-        f"test, once: the menu, random and the released learners × {len(cfg.seeds)} seeds on {cfg.eval_episodes} tasks",
-    )
-    test_eps: list[Episode] = []
-    ledger = out / "test_ledger.jsonl"
-    learners: dict[str, dict[str, list[str]]] = {}  # team -> algo -> labels per seed
-    for name, session in sessions.items():
-        team = specs[name]
-        team_file = session.team.path.read_bytes()
-        menu_path = out / "test" / name / "menu.jsonl"
-        n_test = min(cfg.eval_episodes, cfg.test_caps.get(name, cfg.eval_episodes))
-        ledger_entry(ledger, {"team": name, "conductors": [*menus[name], "random"], "tasks": n_test,
-                              "team_file_sha256": hashlib.sha256(team_file).hexdigest()})  # fmt: skip
-        test_eps += play(cfg, team, [*menus[name], "random"], "test", n_test, menu_path, session)
-        learners[name] = {}
-        for algo, label in released[name].items():
-            learners[name][algo] = []
-            for seed in cfg.seeds:
-                folder = out / "models" / name / label / f"s{seed}"
-                if seed != cfg.seeds[0]:
-                    oc = dataclasses.replace(configs[label], seed=seed, keep_epochs=False)
-                    train_offline(datasets[name], oc, folder, resume="if_same")
-                lab = f"{algo}-s{seed}"
-                path = out / "test" / name / f"{lab}.jsonl"
-                drop_stale_evaluation(path, folder)
-                ledger_entry(ledger, {"team": name, "conductor": lab, "config": label, "tasks": n_test,
-                                      "model_sha256": model_digest(folder)})  # fmt: skip
-                test_eps += play(cfg, team, [f"{lab}:{folder}"], "test", n_test, path, session)
-                learners[name][algo].append(lab)
-
-    _stage(7, n, "report: oracle router, headroom, paired tests, LLM-required subset, cost–quality plane")
-    rows = summarize(test_eps)
-    fam_of = {r.team: r.family for r in rows}
-    baselines = {(fam_of[name], name): best_fixed[name] for name in sessions}
-    paired = paired_comparison(test_eps, rows, baselines=baselines)
-    report_dir = out / "report"
-    paths = write_report(rows, report_dir, "Phase 1 (test split)", paired, mode_collapse(test_eps))
-    head_rows: list[HeadroomRow] = []
-    panels: dict[str, list[tuple[str, float, float, str]]] = {}
-    subset_lines: list[str] = []
-    power_lines: list[str] = []
-    for name in sessions:
-        eps = [e for e in test_eps if e.team.name == name]
-        by = _by_task(eps)
-        menu = [m for m in menus[name] if m in by]
-        tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
-        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens))
-                        for t in tasks} for m in menu}  # fmt: skip
-        oracle = stats.oracle_router(outcomes)
-        o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
-        o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
-        team_rows = {r.conductor: r for r in rows if r.team == name}
-        bf = team_rows[best_fixed[name]]
-        bt = _best(list(team_rows.values()), menu)
-        panels[fam_of[name]] = [(m, team_rows[m].mean_tokens, team_rows[m].success_rate, "rule") for m in menu]
-        panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
-        if "random" in team_rows:
-            panels[fam_of[name]].append(
-                ("random", team_rows["random"].mean_tokens, team_rows["random"].success_rate, "other")
-            )
-        for algo, labs in learners[name].items():
-            succ = [team_rows[lab].success_rate for lab in labs]
-            cap = [stats.captured_fraction(s, bf.success_rate, o_succ) for s in succ]
-            sm, ss = stats.mean_sd(succ)
-            cm, cs = stats.mean_sd(cap)
-            head_rows.append(HeadroomRow(name, len(tasks), bf.conductor, bf.success_rate, bt.conductor, bt.success_rate,
-                                         o_succ, stats.headroom(o_succ, bf.success_rate), f"{algo} ({released[name][algo]})",
-                                         sm, ss, cm, cs, len(labs), o_cost))  # fmt: skip
-            panels[fam_of[name]].append(
-                (algo, float(np.mean([team_rows[lab].mean_tokens for lab in labs])), sm, "learned")
-            )
-            for lab in labs:
-                common = [t for t in tasks if t in by[lab]]
-                disc = (
-                    float(np.mean([by[lab][t].success != by[bf.conductor][t].success for t in common]))
-                    if common
-                    else 0.0
-                )
-                power_lines.append(
-                    f"| {name} | {lab} | {len(common)} | {100 * disc:.1f}% | "
-                    f"{100 * stats.noninferiority_power(len(common), max(disc, 0.05)):.0f}% | "
-                    f"{stats.tasks_for_noninferiority(max(disc, 0.05))} |"
-                )
-        hard = [t for t in tasks if not any(by[m][t].success for m in ("tool_only", "single_shot") if m in by)]
-        subset_lines.append(f"| {name} | oracle | {len(hard)} | "
-                            f"{100 * float(np.mean([oracle[t].success for t in hard])) if hard else float('nan'):.1f}% |")  # fmt: skip
-        names = [*menu, *(lab for labs in learners[name].values() for lab in labs)]
-        subset_lines.append(subset_table_md(name, names, by, hard))
-    plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")
-    paths["cost_quality"] = report_dir / "cost_quality.png"
-    write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
-
-    rules: dict[str, str] = {}
-    for name in sessions:
-        ds = datasets[name]
-        for algo, label in released[name].items():
-            c = trained[(name, label)]
-            labels = c.predict(ds.observations, ds.masks)
-            res_d = distill(labels, ds.observations, ds.masks, ds.feature_names, ds.action_labels,
-                            DistillConfig(max_depth=cfg.distill_depth, seed=cfg.run.seed), episode_index=ds.episode_index)  # fmt: skip
-            res_d.save(out / "distill" / name / algo)
-            rules[f"{name}/{algo}"] = (
-                f"fidelity {res_d.fidelity_heldout:.3f} on held-out states "
-                f"({res_d.n_heldout}), {res_d.fidelity_train:.3f} on training states\n{res_d.rules}"
-            )
-
-    n_ledger = len([ln for ln in ledger.read_text(encoding="utf-8").splitlines() if ln.strip()])
-    caveats = not_shown(head_rows, paired, cfg.seeds, cfg.run.seed)
-    summary = [
-        "# Phase 1: learned conductors vs a menu of fixed schedules",
-        "",
-        f"Tasks per family: train {cfg.train_episodes} per source conductor, validation {cfg.validation_episodes}, "
-        f"test {cfg.eval_episodes}; training seeds {', '.join(map(str, cfg.seeds))}; run seed {cfg.run.seed}."
-        + (f" Produced by `{command}`." if command else ""),
-        "",
-        "The menu is every rule of a team's file; the best fixed schedule and every learner's hyperparameters are "
-        "chosen on validation; the test split is evaluated once per released configuration "
-        f"(`test_ledger.jsonl`: {n_ledger} entries).",
-        "",
-        "## Headroom: the oracle router over the menu, and what each learner captures",
-        "",
-        "Oracle: per test task, the best schedule of the menu in hindsight (a success if any schedule succeeds; "
-        "the cheapest such). Headroom = oracle − best fixed schedule; captured = (learner − best fixed) / headroom, "
-        "per seed, then mean ± sd. 'best rule on test' shows the selection effect a test-set choice would hide.",
-        "",
-        headroom_table_md(head_rows),
-        "",
-        "## Results on the test split (success: 95% Wilson interval; return, turns, tokens: 95% bootstrap)",
-        "",
-        format_table(rows),
-        "",
-        "## Paired against the best fixed schedule (chosen on validation)",
-        "",
-        PAIRED_LEGEND,
-        "",
-        format_paired_table(paired),
-        "",
-        "## The LLM-required subset: test tasks neither `tool_only` nor `single_shot` solves",
-        "",
-        "| team | conductor | tasks | success |",
-        "|---|---|---:|---:|",
-        *[ln for ln in subset_lines if ln],
-        "",
-        "## Power of the non-inferiority test at this sample size",
-        "",
-        "Discordance: share of test tasks where the learner and the best fixed schedule differ in success. Power: "
-        "of the one-sided test at a −5-point margin, α = 0.05, if the true difference were 0 at that discordance, "
-        "floored at 5% (statsmodels TTestPower; before Holm); tasks for 80%: the sample that would give 80% power there.",
-        "",
-        "| team | learner | tasks | discordance | power | tasks for 80% |",
-        "|---|---|---:|---:|---:|---:|",
-        *power_lines,
-        "",
-        "## FQE as a model-selection tool (validation split)",
-        "",
-        "Every learner checkpoint (mid-training and final, seed "
-        f"{cfg.seeds[0]}): FQE from the training logs evaluated at the validation tasks' initial states, against "
-        "the return measured on those same tasks.",
-        "",
-        fqe_table_md(fqe_rows, selection),
-        "",
-        "## What these numbers do not show",
-        "",
-        *caveats,
-        "",
-        "## Mode collapse: how varied each conductor's action sequences are (test)",
-        "",
-        format_collapse_table(mode_collapse(test_eps)),
-        "",
-        "## Distilled rules of the released learners (seed " + str(cfg.seeds[0]) + ")",
-        "",
-    ]
-    for k, v in rules.items():
-        summary += [f"### {k}", "", "```", v.rstrip(), "```", ""]
-    elapsed = time.perf_counter() - t0
-    summary.append(f"Run time: {elapsed:.0f} s on this machine.")
-    md = out / "summary.md"
-    md.write_text("\n".join(summary) + "\n", encoding="utf-8")
-    paths = {**paths, "summary": md, "fqe": out / "fqe.csv", "ledger": ledger, "headroom": report_dir / "headroom.csv"}
-    print()
-    print("\n".join(summary))
-    print(f"\nfinished in {elapsed:.0f} s; summary: {md}")
-    return Phase1Result(rows, head_rows, fqe_rows, rules, paths)
 
 
 @dataclass(frozen=True)

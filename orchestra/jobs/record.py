@@ -8,14 +8,15 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from envs.tasks.base import SPLITS, Split
 from orchestra.runtime.conductors import split_spec
-from orchestra.runtime.distributed import EnginePlan, RayOptions, RayPool, ray_cluster
+from orchestra.runtime.player import EnginePlan, EpisodePlayer
+from orchestra.runtime.players import Players
 from orchestra.runtime.rollout import EpisodeJob, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
 from policies.exploration import exploring_name
@@ -54,9 +55,11 @@ class RecordConfig:
 class RecordResult:
     trajectories: Path
     run_dir: Path
-    episodes: list[Episode]
-    skipped: int
-    metrics: dict[str, float] = field(default_factory=dict)
+    episodes: list[Episode]  # played in this call
+    skipped: int  # planned episodes already on disk (``resume``)
+    metrics: dict[str, float] = field(default_factory=dict)  # of this call's episodes
+    # every valid episode of the trajectory file, in file order: those a resumed recording found, then this call's
+    recorded: list[Episode] = field(default_factory=list)
 
 
 def run_paths(out: str | Path) -> tuple[Path, Path]:
@@ -128,42 +131,25 @@ def record(
     out: str | Path,
     resume: bool = False,
     session: Session | None = None,
-    pool: RayPool | None = None,
+    player: EpisodePlayer | None = None,
 ) -> RecordResult:
-    """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly.
+    """Record ``cfg.episodes`` episodes; with ``resume`` continue a killed recording exactly. ``player`` plays them
+    (a caller's, shared by its recordings: one team's Ray actors); None = one picked from ``cfg.run`` for this call.
 
     With a human conductor the session's screen holds only the conversation: the progress bar is off and the
     libraries' output goes to ``RUN_DIR/session.log``. ``policies.QuitSession`` (the expert's ``q``) propagates
     after every completed episode is on disk."""
     if is_interactive(cfg):
+        if cfg.run.ray or cfg.run.ray_address:
+            raise ValueError("--ray: a person conducts one episode at a time in this terminal; drop --ray for human")
         cfg = replace(cfg, run=replace(cfg.run, progress=False))
         with screen_to_log(run_paths(out)[1] / "session.log"):
-            return _record(cfg, out, resume, session, pool)
-    return _record(cfg, out, resume, session, pool)
-
-
-def _play_here(
-    plan: EnginePlan,
-    session: Session,
-    run: RunOptions,
-    planned: int,
-    todo: list[EpisodeJob],
-    writer: TrajectoryWriter,
-    on_episode: Callable[[Episode], None],
-) -> tuple[list[Episode], RolloutStats, dict[str, float]]:
-    """``todo`` played in this process (the counterpart of :meth:`RayPool.play`)."""
-    engine, base = plan.engine(session, run)
-    tell = getattr(base(), "plan", None)  # a person is told where the recording stands (HumanConductor)
-    if tell is not None:
-        tell(planned - len(todo), planned)
-    engine.progress = run.progress
-    got = engine.run(todo, writer=writer, on_episode=on_episode)
-    counters = getattr(base(), "counters", None)
-    return got, engine.stats, dict(counters()) if counters is not None else {}
+            return _record(cfg, out, resume, session, player)
+    return _record(cfg, out, resume, session, player)
 
 
 def _record(
-    cfg: RecordConfig, out: str | Path, resume: bool, session: Session | None, pool: RayPool | None
+    cfg: RecordConfig, out: str | Path, resume: bool, session: Session | None, player: EpisodePlayer | None
 ) -> RecordResult:
     traj_path, run_dir = run_paths(out)
     session = session or Session.of(cfg.team, cfg.family, cfg.run)
@@ -174,20 +160,14 @@ def _record(
     skipped = 0
     stats = RolloutStats()
     conductor_counts: dict[str, float] = {}
-    ray_opts = RayOptions.of(cfg.run)
-    if ray_opts is not None and is_interactive(cfg):
-        raise ValueError("--ray: a person conducts one episode at a time in this terminal; drop --ray for human")
-    if ray_opts is None and pool is None:
-        _ = session.workers  # loaded here (a bad model path fails before any file is opened); with Ray, in the actors
     with contextlib.ExitStack() as stack:
+        if player is None:  # this recording's own (in this process: the workers load before any file is opened)
+            players = stack.enter_context(Players(cfg.run))
+            player = stack.enter_context(players.open(cfg.team, cfg.family, session))
         writer = stack.enter_context(TrajectoryWriter(traj_path, resume=resume))
         config = {**asdict(cfg), "resume": resume}
         write_config(run_dir, {"config": config, "team_file": str(team.path), "team": team.raw, **provenance()})
         metrics_log = MetricsWriter(run_dir, resume=resume)  # one row per recorded episode
-        left = any(j.episode_id not in writer.done_ids for js in plans.values() for j in js)
-        if pool is None and ray_opts is not None and left:  # a cluster and actors for this recording alone
-            stack.enter_context(ray_cluster(ray_opts))
-            pool = stack.enter_context(RayPool(ray_opts, cfg.team, cfg.family, cfg.run))
         for spec, jobs in plans.items():
             name = exploring_name(split_spec(spec)[0], cfg.epsilon)
             run_id = _run_id(team.name, name, family.name, cfg.split, seed, cfg.difficulty)
@@ -195,18 +175,14 @@ def _record(
             skipped += len(jobs) - len(todo)
             plan = EnginePlan(spec, name, run_id, seed, cfg.epsilon, tuple(cfg.perturb))
             on_episode = lambda e: metrics_log.write(_episode_row(e))  # noqa: E731
-            if pool is not None:
-                desc = f"{team.name}/{name} ({len(pool.actors)} ray actors)"
-                got, got_stats, counts = pool.play(plan, todo, writer, on_episode, cfg.run.progress, desc)
-            else:
-                got, got_stats, counts = _play_here(plan, session, cfg.run, len(jobs), todo, writer, on_episode)
-            episodes += got
-            stats.merge(got_stats)
-            for k, v in counts.items():  # an LLM conductor's reply counts (this run's decisions)
+            played = player.play(plan, todo, writer, on_episode, len(jobs))
+            episodes += played.episodes
+            stats.merge(played.stats)
+            for k, v in played.counters.items():  # an LLM conductor's reply counts (this run's decisions)
                 conductor_counts[k] = conductor_counts.get(k, 0) + v
     metrics = {**stats.as_metrics(), **episode_metrics(episodes), **conductor_counts}
     (run_dir / "summary.json").write_text(json.dumps(metrics, indent=2), encoding="utf-8")
-    return RecordResult(traj_path, run_dir, episodes, skipped, metrics)
+    return RecordResult(traj_path, run_dir, episodes, skipped, metrics, [*writer.earlier, *episodes])
 
 
 __all__ = ["RecordConfig", "RecordResult", "planned_jobs", "record", "run_paths"]

@@ -27,67 +27,19 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from tqdm import tqdm
 
-from orchestra.runtime.conductors import conductor_factory, split_spec
+from orchestra.runtime.player import EnginePlan, Played
 from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, RolloutStats
 from orchestra.runtime.session import RunOptions, Session
 from policies.base import ConductorPolicy
-from policies.exploration import EpsilonGreedyConductor
 from trajectories import Episode, TrajectoryWriter
 
 
 class RayRolloutError(RuntimeError):
     """Ray could not be reached, or an actor failed; the message says what to do (the episodes written are kept)."""
-
-
-def _exploring(base: Callable[[], ConductorPolicy], epsilon: float, seed: int) -> ConductorPolicy:
-    return EpsilonGreedyConductor(base(), epsilon, seed)
-
-
-def make_conductor(
-    spec: str, session: Session, seed: int, epsilon: float = 0.0
-) -> tuple[Callable[[], ConductorPolicy], Callable[[], ConductorPolicy]]:
-    """(the conductor's factory, the base factory before ε-exploration) of a ``NAME`` or ``LABEL:CHECKPOINT`` spec;
-    the same in the driver and in every actor."""
-    base = conductor_factory(spec, session.team, seed, session.backends())
-    if epsilon > 0:
-        return partial(_exploring, base, epsilon, seed), base
-    return base, base
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """What an actor needs to build the engine of one conductor: everything but the workers, which it owns."""
-
-    spec: str  # conductor NAME or LABEL:CHECKPOINT
-    name: str  # the recorded conductor name (with +epsE when exploring)
-    run_id: str
-    seed: int
-    epsilon: float = 0.0
-    perturb: tuple[str, ...] = ()
-
-    def engine(self, session: Session, run: RunOptions) -> tuple[RolloutEngine, Callable[[], ConductorPolicy]]:
-        """The engine, and the conductor's base factory (its instances share an LLM conductor's reply counters)."""
-        factory, base = make_conductor(self.spec, session, self.seed, self.epsilon)
-        engine = RolloutEngine(
-            session.team,
-            session.family,
-            session.workers,
-            factory,
-            conductor_name=self.name,
-            conductor_checkpoint=split_spec(self.spec)[1],
-            run_id=self.run_id,
-            num_envs=run.num_envs,
-            progress=False,
-            episode_retries=run.episode_retries,
-            perturb=self.perturb,
-            perturb_seed=self.seed,
-        )
-        return engine, base
 
 
 class RolloutActor:
@@ -99,9 +51,7 @@ class RolloutActor:
         self.engines: dict[EnginePlan, RolloutEngine] = {}
         self.bases: dict[EnginePlan, Callable[[], ConductorPolicy]] = {}
 
-    def play(
-        self, plan: EnginePlan, jobs: Sequence[EpisodeJob]
-    ) -> tuple[list[Episode], RolloutStats, dict[str, float]]:
+    def play(self, plan: EnginePlan, jobs: Sequence[EpisodeJob]) -> Played:
         """The episodes of ``jobs``, this call's rollout counts, and the conductor's reply counters so far (an LLM
         conductor's; cumulative over this actor's calls)."""
         engine = self.engines.get(plan)
@@ -111,7 +61,7 @@ class RolloutActor:
         engine.stats = RolloutStats()  # this call's counts
         episodes = engine.run(jobs)
         counters = getattr(self.bases[plan](), "counters", None)
-        return episodes, engine.stats, dict(counters()) if counters is not None else {}
+        return Played(episodes, engine.stats, dict(counters()) if counters is not None else {})
 
     def ready(self) -> str:
         """The node this actor runs on (a cheap call that waits for the constructor)."""
@@ -174,12 +124,13 @@ def ray_cluster(opts: RayOptions) -> Iterator[Any]:
 
 
 class RayPool:
-    """The rollout actors of one team on a connected Ray (:func:`ray_cluster`). A context manager: the actors are
-    killed on the way out."""
+    """The rollout actors of one team on a connected Ray (:func:`ray_cluster`): an
+    :class:`~orchestra.runtime.player.EpisodePlayer`. A context manager: the actors are killed on the way out."""
 
-    def __init__(self, opts: RayOptions, team: str, family: str | None, run: RunOptions) -> None:
+    def __init__(self, opts: RayOptions, team: str, family: str | None, run: RunOptions, title: str = "") -> None:
         ray = self.ray = _import_ray()
-        self.opts, self.num_envs = opts, run.num_envs
+        self.opts, self.num_envs, self.progress = opts, run.num_envs, run.progress
+        self.title = title or team  # the progress bar's: the team's name
         threads = str(max(1, math.floor(opts.actor_cpus)))
         actor_cls = ray.remote(RolloutActor).options(
             num_cpus=opts.actor_cpus, runtime_env={"env_vars": {"OMP_NUM_THREADS": threads}}, max_restarts=0
@@ -195,22 +146,22 @@ class RayPool:
         self,
         plan: EnginePlan,
         jobs: Sequence[EpisodeJob],
-        writer: TrajectoryWriter | None = None,
-        on_episode: Callable[[Episode], None] | None = None,
-        progress: bool = True,
-        desc: str = "",
-    ) -> tuple[list[Episode], RolloutStats, dict[str, float]]:
+        writer: TrajectoryWriter,
+        on_episode: Callable[[Episode], None],
+        planned: int,
+    ) -> Played:
         """Play ``jobs`` on the actors in chunks of up to ``num_envs``, one chunk in flight per actor; each chunk's
-        episodes are written as it comes back. Returns (the episodes in arrival order, the summed rollout counts,
-        the conductor's reply counters summed over actors)."""
+        episodes are written as it comes back. Returns the episodes in arrival order, the summed rollout counts and
+        the conductor's reply counters summed over actors (``planned`` is for a person, who never conducts here)."""
         ray = self.ray
+        desc = f"{self.title}/{plan.name} ({len(self.actors)} ray actors)"
         width = max(1, plan_width(len(jobs), len(self.actors), self.num_envs))
         queue = [list(jobs[i : i + width]) for i in range(0, len(jobs), width)][::-1]
         stats, done = RolloutStats(), []
         counters: dict[int, dict[str, float]] = {}
         inflight: dict[Any, int] = {}
         t0 = time.perf_counter()
-        bar = tqdm(total=len(jobs), desc=desc, unit="ep", disable=not progress)
+        bar = tqdm(total=len(jobs), desc=desc, unit="ep", disable=not self.progress)
         try:
             for i, actor in enumerate(self.actors):
                 if queue:
@@ -228,10 +179,8 @@ class RayPool:
                 if queue:
                     inflight[self.actors[i].play.remote(plan, queue.pop())] = i
                 for ep in episodes:
-                    if writer is not None:
-                        writer.write(ep)
-                    if on_episode is not None:
-                        on_episode(ep)
+                    writer.write(ep)
+                    on_episode(ep)
                     done.append(ep)
                 stats.merge(delta)
                 counters[i] = count
@@ -243,7 +192,7 @@ class RayPool:
         for count in counters.values():
             for k, v in count.items():
                 summed[k] = summed.get(k, 0) + v
-        return done, stats, summed
+        return Played(done, stats, summed)
 
     def close(self) -> None:
         for a in getattr(self, "actors", []):
@@ -285,13 +234,4 @@ def _cause(e: BaseException) -> str:
     return text[-1] if text else type(e).__name__
 
 
-__all__ = [
-    "EnginePlan",
-    "RayOptions",
-    "RayPool",
-    "RayRolloutError",
-    "RolloutActor",
-    "make_conductor",
-    "plan_width",
-    "ray_cluster",
-]
+__all__ = ["RayOptions", "RayPool", "RayRolloutError", "RolloutActor", "plan_width", "ray_cluster"]

@@ -1,0 +1,212 @@
+"""Phase 1's report (stage 7 of :func:`orchestra.jobs.phase1.run_phase1`): from the test episodes, the results and
+paired tables, the oracle router over the menu with headroom and captured fraction, the LLM-required subset, the power
+of the test, the cost–quality plane, and the text of ``summary.md``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from orchestra.report import stats
+from orchestra.report.benchmark import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
+from orchestra.report.evaluation import (
+    PAIRED_LEGEND,
+    PairedRow,
+    ResultRow,
+    format_collapse_table,
+    format_paired_table,
+    format_table,
+    mode_collapse,
+    paired_comparison,
+    summarize,
+    write_report,
+)
+from orchestra.report.plots import plot_cost_quality
+from trajectories import Episode
+from trajectories.rundir import write_table
+
+
+@dataclass
+class Tables:
+    """Stage 7: the report's tables (the markdown rows the summary quotes) and files."""
+
+    rows: list[ResultRow]
+    paired: list[PairedRow]
+    headroom: list[HeadroomRow]
+    subset_lines: list[str]
+    power_lines: list[str]
+    paths: dict[str, Path]
+
+
+def report_tables(
+    out: Path,
+    menus: dict[str, list[str]],
+    best_fixed: dict[str, str],
+    released: dict[str, dict[str, str]],
+    test_eps: list[Episode],
+    learners: dict[str, dict[str, list[str]]],
+) -> Tables:
+    """Stage 7: results and paired tests against the best fixed schedule, then per team the oracle router over the
+    menu, headroom and captured fraction, the LLM-required subset, the power of the test and the cost–quality
+    plane (files under ``out/report/``). Per team: its menu, best fixed schedule (chosen on validation), released
+    configuration per algorithm and the labels of its test evaluations per algorithm (one per seed)."""
+    rows = summarize(test_eps)
+    fam_of = {r.team: r.family for r in rows}
+    baselines = {(fam_of[name], name): best_fixed[name] for name in menus}
+    paired = paired_comparison(test_eps, rows, baselines=baselines)
+    report_dir = out / "report"
+    paths = write_report(rows, report_dir, "Phase 1 (test split)", paired, mode_collapse(test_eps))
+    head_rows: list[HeadroomRow] = []
+    panels: dict[str, list[tuple[str, float, float, str]]] = {}
+    subset_lines: list[str] = []
+    power_lines: list[str] = []
+    for name in menus:
+        eps = [e for e in test_eps if e.team.name == name]
+        by = _by_task(eps)
+        menu = [m for m in menus[name] if m in by]
+        tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
+        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens))
+                        for t in tasks} for m in menu}  # fmt: skip
+        oracle = stats.oracle_router(outcomes)
+        o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
+        o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
+        team_rows = {r.conductor: r for r in rows if r.team == name}
+        bf = team_rows[best_fixed[name]]
+        bt = best_of(list(team_rows.values()), menu)
+        panels[fam_of[name]] = [(m, team_rows[m].mean_tokens, team_rows[m].success_rate, "rule") for m in menu]
+        panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
+        if "random" in team_rows:
+            panels[fam_of[name]].append(
+                ("random", team_rows["random"].mean_tokens, team_rows["random"].success_rate, "other")
+            )
+        for algo, labs in learners[name].items():
+            succ = [team_rows[lab].success_rate for lab in labs]
+            cap = [stats.captured_fraction(s, bf.success_rate, o_succ) for s in succ]
+            sm, ss = stats.mean_sd(succ)
+            cm, cs = stats.mean_sd(cap)
+            head_rows.append(HeadroomRow(name, len(tasks), bf.conductor, bf.success_rate, bt.conductor, bt.success_rate,
+                                         o_succ, stats.headroom(o_succ, bf.success_rate), f"{algo} ({released[name][algo]})",
+                                         sm, ss, cm, cs, len(labs), o_cost))  # fmt: skip
+            panels[fam_of[name]].append(
+                (algo, float(np.mean([team_rows[lab].mean_tokens for lab in labs])), sm, "learned")
+            )
+            for lab in labs:
+                common = [t for t in tasks if t in by[lab]]
+                disc = (
+                    float(np.mean([by[lab][t].success != by[bf.conductor][t].success for t in common]))
+                    if common
+                    else 0.0
+                )
+                power_lines.append(
+                    f"| {name} | {lab} | {len(common)} | {100 * disc:.1f}% | "
+                    f"{100 * stats.noninferiority_power(len(common), max(disc, 0.05)):.0f}% | "
+                    f"{stats.tasks_for_noninferiority(max(disc, 0.05))} |"
+                )
+        hard = [t for t in tasks if not any(by[m][t].success for m in ("tool_only", "single_shot") if m in by)]
+        subset_lines.append(f"| {name} | oracle | {len(hard)} | "
+                            f"{100 * float(np.mean([oracle[t].success for t in hard])) if hard else float('nan'):.1f}% |")  # fmt: skip
+        names = [*menu, *(lab for labs in learners[name].values() for lab in labs)]
+        subset_lines.append(subset_table_md(name, names, by, hard))
+    plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")
+    paths["cost_quality"] = report_dir / "cost_quality.png"
+    write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
+    return Tables(rows, paired, head_rows, subset_lines, power_lines, paths)
+
+
+def summary_md(
+    scale: str,
+    tables: Tables,
+    test_eps: list[Episode],
+    n_ledger: int,
+    fqe_rows: list[FQERow],
+    selection: dict[str, stats.FQESelection],
+    rules: dict[str, str],
+    seeds: list[int],
+    run_seed: int,
+) -> list[str]:
+    """The lines of ``summary.md`` (the run time is appended by the caller); ``scale``, its sentence on the tasks,
+    seeds and command of the run."""
+    caveats = not_shown(tables.headroom, tables.paired, seeds, run_seed)
+    summary = [
+        "# Phase 1: learned conductors vs a menu of fixed schedules",
+        "",
+        scale,
+        "",
+        "The menu is every rule of a team's file; the best fixed schedule and every learner's hyperparameters are "
+        "chosen on validation; the test split is evaluated once per released configuration "
+        f"(`test_ledger.jsonl`: {n_ledger} entries).",
+        "",
+        "## Headroom: the oracle router over the menu, and what each learner captures",
+        "",
+        "Oracle: per test task, the best schedule of the menu in hindsight (a success if any schedule succeeds; "
+        "the cheapest such). Headroom = oracle − best fixed schedule; captured = (learner − best fixed) / headroom, "
+        "per seed, then mean ± sd. 'best rule on test' shows the selection effect a test-set choice would hide.",
+        "",
+        headroom_table_md(tables.headroom),
+        "",
+        "## Results on the test split (success: 95% Wilson interval; return, turns, tokens: 95% bootstrap)",
+        "",
+        format_table(tables.rows),
+        "",
+        "## Paired against the best fixed schedule (chosen on validation)",
+        "",
+        PAIRED_LEGEND,
+        "",
+        format_paired_table(tables.paired),
+        "",
+        "## The LLM-required subset: test tasks neither `tool_only` nor `single_shot` solves",
+        "",
+        "| team | conductor | tasks | success |",
+        "|---|---|---:|---:|",
+        *[ln for ln in tables.subset_lines if ln],
+        "",
+        "## Power of the non-inferiority test at this sample size",
+        "",
+        "Discordance: share of test tasks where the learner and the best fixed schedule differ in success. Power: "
+        "of the one-sided test at a −5-point margin, α = 0.05, if the true difference were 0 at that discordance, "
+        "floored at 5% (statsmodels TTestPower; before Holm); tasks for 80%: the sample that would give 80% power there.",
+        "",
+        "| team | learner | tasks | discordance | power | tasks for 80% |",
+        "|---|---|---:|---:|---:|---:|",
+        *tables.power_lines,
+        "",
+        "## FQE as a model-selection tool (validation split)",
+        "",
+        "Every learner checkpoint (mid-training and final, seed "
+        f"{seeds[0]}): FQE from the training logs evaluated at the validation tasks' initial states, against "
+        "the return measured on those same tasks.",
+        "",
+        fqe_table_md(fqe_rows, selection),
+        "",
+        "## What these numbers do not show",
+        "",
+        *caveats,
+        "",
+        "## Mode collapse: how varied each conductor's action sequences are (test)",
+        "",
+        format_collapse_table(mode_collapse(test_eps)),
+        "",
+        "## Distilled rules of the released learners (seed " + str(seeds[0]) + ")",
+        "",
+    ]
+    for k, v in rules.items():
+        summary += [f"### {k}", "", "```", v.rstrip(), "```", ""]
+    return summary
+
+
+def best_of(rows: Sequence[ResultRow], names: Sequence[str]) -> ResultRow:
+    cand = [r for r in rows if r.conductor in names]
+    return max(cand, key=lambda r: (r.success_rate, r.mean_return, [-ord(c) for c in r.conductor]))
+
+
+def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]]:
+    out: dict[str, dict[tuple[str, int], Episode]] = {}
+    for e in eps:
+        out.setdefault(e.conductor.name, {})[(e.task.id, e.seed)] = e
+    return out
+
+
+__all__ = ["Tables", "best_of", "report_tables", "summary_md"]
