@@ -134,9 +134,10 @@ def run(
                 CONDUCTOR,
                 episodes,
                 "test",
-                run=RunOptions(seed=seed, num_envs=num_envs, use_cache=False, progress=progress,
-                               episode_retries=episode_retries),
-            )  # fmt: skip
+                run=RunOptions(
+                    seed=seed, num_envs=num_envs, use_cache=False, progress=progress, episode_retries=episode_retries
+                ),
+            )
             try:
                 res = record(cfg, out)
                 metrics = res.metrics

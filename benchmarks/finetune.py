@@ -111,9 +111,19 @@ def run(
     if threads is not None:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    cfg = LLMTeamConfig(model=model, workers=("solver",), group_size=4, max_tokens=64, num_envs=episodes,
-                        max_batch_size=episodes, forward_batch_size=episodes, seed=seed, dtype=dtype,
-                        share_prompts=not baseline, embedder="minilm" if baseline else None)  # fmt: skip
+    cfg = LLMTeamConfig(
+        model=model,
+        workers=("solver",),
+        group_size=4,
+        max_tokens=64,
+        num_envs=episodes,
+        max_batch_size=episodes,
+        forward_batch_size=episodes,
+        seed=seed,
+        dtype=dtype,
+        share_prompts=not baseline,
+        embedder="minilm" if baseline else None,
+    )
     t0 = time.perf_counter()
     team = LLMTeam(cfg)
     for backend in team.backends:
@@ -143,17 +153,23 @@ def run(
     turns = batch.turns_of(0)
     generated = sum(len(t.token_ids) for t in turns)
     processed = sum(len(t.prompt_ids) + len(t.token_ids) for t in turns)
-    out.update({
-        "perf/sample_seconds": dt, "perf/sample_generated_tok_s": generated / dt,
-        "perf/sample_roofline_share": flops(body, head, processed, generated, 1) / dt / 1e9 / roof,
-        "perf/turns": len(turns), "perf/tokens_processed": processed,
-        "perf/sample_prefilled_tokens": prefilled, "perf/sample_decode_steps": sum(steps.values()),
-        "perf/sample_decode_row_steps": sum(r * k for r, k in steps.items()),
-        "perf/sample_mean_rows_per_step": sum(r * k for r, k in steps.items()) / max(1, sum(steps.values())),
-        "perf/decode_roofline_ms_1_row": 1e3 * decode_roofline(team, 1),
-        f"perf/decode_roofline_ms_{episodes}_rows": 1e3 * decode_roofline(team, episodes),
-        "perf/sample_ideal_seconds": ideal_sample, "perf/sample_ideal_share": ideal_sample / dt,
-    })  # fmt: skip
+    out.update(
+        {
+            "perf/sample_seconds": dt,
+            "perf/sample_generated_tok_s": generated / dt,
+            "perf/sample_roofline_share": flops(body, head, processed, generated, 1) / dt / 1e9 / roof,
+            "perf/turns": len(turns),
+            "perf/tokens_processed": processed,
+            "perf/sample_prefilled_tokens": prefilled,
+            "perf/sample_decode_steps": sum(steps.values()),
+            "perf/sample_decode_row_steps": sum(r * k for r, k in steps.items()),
+            "perf/sample_mean_rows_per_step": sum(r * k for r, k in steps.items()) / max(1, sum(steps.values())),
+            "perf/decode_roofline_ms_1_row": 1e3 * decode_roofline(team, 1),
+            f"perf/decode_roofline_ms_{episodes}_rows": 1e3 * decode_roofline(team, episodes),
+            "perf/sample_ideal_seconds": ideal_sample,
+            "perf/sample_ideal_share": ideal_sample / dt,
+        }
+    )
 
     t0 = time.perf_counter()
     logp = team.logprobs(0, batch)
@@ -162,8 +178,14 @@ def run(
     for p in team.parameters(0):
         p.grad = None
     ideal_train = flops(body, head, processed, generated, 2) / roof / 1e9
-    out.update({"perf/train_seconds": dt, "perf/train_tok_s": processed / dt, "perf/train_ideal_seconds": ideal_train,
-                "perf/train_roofline_share": flops(body, head, processed, generated, 2) / dt / 1e9 / roof})  # fmt: skip
+    out.update(
+        {
+            "perf/train_seconds": dt,
+            "perf/train_tok_s": processed / dt,
+            "perf/train_ideal_seconds": ideal_train,
+            "perf/train_roofline_share": flops(body, head, processed, generated, 2) / dt / 1e9 / roof,
+        }
+    )
 
     t0 = time.perf_counter()
     with torch.no_grad():
@@ -208,9 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if "perf/stage_seconds" in base:
         bound = res["perf/stage_bound_seconds"]
-        print(f"levers-off stage {base['perf/stage_seconds']:.1f} s; this stage {res['perf/stage_seconds']:.1f} s "
-              f"(speedup {base['perf/stage_seconds'] / res['perf/stage_seconds']:.2f}×); at 100% of the rooflines "
-              f"≥ {bound:.1f} s, so at most {base['perf/stage_seconds'] / bound:.2f}× over levers-off")  # fmt: skip
+        print(
+            f"levers-off stage {base['perf/stage_seconds']:.1f} s; this stage {res['perf/stage_seconds']:.1f} s "
+            f"(speedup {base['perf/stage_seconds'] / res['perf/stage_seconds']:.2f}×); at 100% of the rooflines "
+            f"≥ {bound:.1f} s, so at most {base['perf/stage_seconds'] / bound:.2f}× over levers-off"
+        )
     return 0
 
 

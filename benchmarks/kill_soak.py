@@ -154,10 +154,22 @@ def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random,
     if not (data / "dataset.npz").exists():
         for conductor in ("random", "pipeline"):
             rc, _ = _run(
-                ["record", "--team", "arithmetic", "--conductor", conductor, "--episodes", "24", "--seed", str(seed),
-                 "--out", str(data / "traj" / f"{conductor}.jsonl"), "--quiet"],
+                [
+                    "record",
+                    "--team",
+                    "arithmetic",
+                    "--conductor",
+                    conductor,
+                    "--episodes",
+                    "24",
+                    "--seed",
+                    str(seed),
+                    "--out",
+                    str(data / "traj" / f"{conductor}.jsonl"),
+                    "--quiet",
+                ],
                 log,
-            )  # fmt: skip
+            )
             if rc:
                 raise SystemExit(f"recording failed: see {log}")
         rc, _ = _run(
@@ -175,8 +187,24 @@ def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random,
         )
         if rc:
             raise SystemExit(f"dataset build failed: see {log}")
-    args = ["train", "--algo", "cql", "--dataset", str(data / "dataset.npz"), "--team", "arithmetic",
-            "--steps", str(steps), "--steps-per-epoch", "500", "--critics", "2", "--seed", str(seed), "--quiet"]  # fmt: skip
+    args = [
+        "train",
+        "--algo",
+        "cql",
+        "--dataset",
+        str(data / "dataset.npz"),
+        "--team",
+        "arithmetic",
+        "--steps",
+        str(steps),
+        "--steps-per-epoch",
+        "500",
+        "--critics",
+        "2",
+        "--seed",
+        str(seed),
+        "--quiet",
+    ]
     straight, killed, book = out / "train-straight", out / "train-killed", out / "train-launches.jsonl"
     wall = _straight(args, straight, log, again)
     _fresh_killed(killed, book, again)
@@ -184,18 +212,49 @@ def train_part(out: Path, kills: int, seed: int, steps: int, rng: random.Random,
     run = _killed_run([*args, "--out", str(killed), "--resume"], log, delays, book)
     same_w, n_t = _same_tensors([straight / "model.pt"], [killed / "model.pt"])
     same_m, n_r = _same_rows(straight / "metrics.jsonl", killed / "metrics.jsonl", ("losses/time_",))
-    return {"straight_wall_s": wall, **run, "tensors": n_t, "weights_identical": same_w, "metric_rows": n_r,
-            "metrics_identical": same_m}  # fmt: skip
+    return {
+        "straight_wall_s": wall,
+        **run,
+        "tensors": n_t,
+        "weights_identical": same_w,
+        "metric_rows": n_r,
+        "metrics_identical": same_m,
+    }
 
 
 def finetune_part(
     out: Path, kills: int, seed: int, stages: int, model: str, rng: random.Random, again: bool
 ) -> dict[str, Any]:
     log = out / "finetune.log"
-    args = ["finetune", "--team", "arithmetic", "--conductor", "pipeline", "--pipeline", "solver:solve",
-            "critic:check", "solver:revise", "--workers", "solver", "critic", "--stages", str(stages),
-            "--batch-size", "4", "--group-size", "2", "--max-tokens", "16", "--embedder", "hash", "--model", model,
-            "--seed", str(seed), "--quiet"]  # fmt: skip
+    args = [
+        "finetune",
+        "--team",
+        "arithmetic",
+        "--conductor",
+        "pipeline",
+        "--pipeline",
+        "solver:solve",
+        "critic:check",
+        "solver:revise",
+        "--workers",
+        "solver",
+        "critic",
+        "--stages",
+        str(stages),
+        "--batch-size",
+        "4",
+        "--group-size",
+        "2",
+        "--max-tokens",
+        "16",
+        "--embedder",
+        "hash",
+        "--model",
+        model,
+        "--seed",
+        str(seed),
+        "--quiet",
+    ]
     straight, killed, book = out / "finetune-straight", out / "finetune-killed", out / "finetune-launches.jsonl"
     wall = _straight(args, straight, log, again)
     _fresh_killed(killed, book, again)
@@ -213,8 +272,15 @@ def finetune_part(
     same_w, n_t = _same_tensors(weights(straight), weights(killed))
     same_u, n_u = _same_rows(straight / "updates.jsonl", killed / "updates.jsonl", ("_seconds",))
     same_s, n_s = _same_rows(straight / "stages.jsonl", killed / "stages.jsonl", ("_seconds",))
-    return {"straight_wall_s": wall, **run, "tensors": n_t, "weights_identical": same_w, "update_rows": n_u,
-            "stage_rows": n_s, "metrics_identical": same_u and same_s}  # fmt: skip
+    return {
+        "straight_wall_s": wall,
+        **run,
+        "tensors": n_t,
+        "weights_identical": same_w,
+        "update_rows": n_u,
+        "stage_rows": n_s,
+        "metrics_identical": same_u and same_s,
+    }
 
 
 def main() -> int:

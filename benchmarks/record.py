@@ -185,8 +185,10 @@ def run(
     ceiling = compute_ceiling(threads)
     gflops = gemm_gflops()
     flop_per_token = 2 * 134.5e6  # SmolLM2-135M: 2 FLOP per parameter per token
-    print(f"\n{'path':8s} {'ep/s':>6s} {'compl tok/s':>11s} {'prompt tok':>10s} {'prefilled':>9s} {'reused':>7s} "
-          f"{'prefill tok/s':>13s} {'decode tok/s':>12s}")  # fmt: skip
+    print(
+        f"\n{'path':8s} {'ep/s':>6s} {'compl tok/s':>11s} {'prompt tok':>10s} {'prefilled':>9s} {'reused':>7s} "
+        f"{'prefill tok/s':>13s} {'decode tok/s':>12s}"
+    )
     for name, r in results.items():
         mt, st = r["metrics"], r["stats"]
         prefill_rate = st["prefilled"] / st["prefill_seconds"] if st["prefill_seconds"] else float("nan")
@@ -208,8 +210,13 @@ def run(
     ep_agree, turn_agree, turns = agreement(ids["serial"], ids["batched"])
     for name in ("serial", "batched"):  # what each path generated, for comparing builds (benchmarks/llama_build.py)
         m[f"{name}/token_ids"] = dict(sorted(ids[name].items()))
-    m.update(speedup=speedup, agreement_episodes=ep_agree, agreement_turns=turn_agree, ceiling_tok_s=ceiling,
-             gemm_gflops=gflops)  # fmt: skip
+    m.update(
+        speedup=speedup,
+        agreement_episodes=ep_agree,
+        agreement_turns=turn_agree,
+        ceiling_tok_s=ceiling,
+        gemm_gflops=gflops,
+    )
     print(f"\nspeedup {speedup:.1f}× in episodes/s (batched over serial, the same {episodes} episodes)")
     print(f"greedy agreement with the serial path: {ep_agree:.1%} of episodes, {turn_agree:.1%} of {turns} LLM turns")
     print(f"roofline 1, compute ceiling of this model here (llama.cpp, one 512-token forward): {ceiling:.1f} tok/s")

@@ -57,8 +57,10 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=100, help="runs per setting (interleaved)")
     a = ap.parse_args()
     f = run(a.runs)
-    print(f"machine: {platform.machine()} {platform.processor() or platform.system()}, Linux {platform.release()}, "
-          f"Python {platform.python_version()}; {a.runs} runs per setting; Landlock applied: {bool(f['landlock_applied'])}")  # fmt: skip
+    print(
+        f"machine: {platform.machine()} {platform.processor() or platform.system()}, Linux {platform.release()}, "
+        f"Python {platform.python_version()}; {a.runs} runs per setting; Landlock applied: {bool(f['landlock_applied'])}"
+    )
     for on in ("off", "on"):
         print(
             f"landlock {on:3s}: wall median {f[f'wall_{on}_ms']:6.1f} ms | child CPU median {f[f'cpu_{on}_ms']:5.1f} ms"

@@ -35,10 +35,31 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = [
-    "finetune", "--team", "arithmetic", "--conductor", "pipeline", "--pipeline", "solver:solve", "critic:check",
-    "solver:revise", "--workers", "solver", "critic", "--stages", "1", "--batch-size", "4", "--group-size", "2",
-    "--max-tokens", "24", "--embedder", "hash", "--eval-tasks", "0",
-]  # fmt: skip
+    "finetune",
+    "--team",
+    "arithmetic",
+    "--conductor",
+    "pipeline",
+    "--pipeline",
+    "solver:solve",
+    "critic:check",
+    "solver:revise",
+    "--workers",
+    "solver",
+    "critic",
+    "--stages",
+    "1",
+    "--batch-size",
+    "4",
+    "--group-size",
+    "2",
+    "--max-tokens",
+    "24",
+    "--embedder",
+    "hash",
+    "--eval-tasks",
+    "0",
+]
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
@@ -53,8 +74,11 @@ def run_tree(tree: Path, out: Path, seed: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "orchestra", *COMMAND, "--seed", str(seed), "--out", str(out)],
-        cwd=tree, env=env, capture_output=True, text=True,
-    )  # fmt: skip
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - t0
     (out.parent / f"{out.name}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -98,10 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = figures[name]
         best[name] = min(rows, key=lambda f: f["stage_seconds"])
         f = best[name]
-        print(f"| {label} | {f['stage_seconds']:.1f} | {f['sample_seconds']:.1f} | {f['update_seconds']:.1f} | "
-              f"{f['updates']} | {f['process_seconds']:.1f} |")  # fmt: skip
-    print(f"\nspeedup of one stage (fastest of {a.repeats} each): "
-          f"{best['then']['stage_seconds'] / best['now']['stage_seconds']:.2f}×")  # fmt: skip
+        print(
+            f"| {label} | {f['stage_seconds']:.1f} | {f['sample_seconds']:.1f} | {f['update_seconds']:.1f} | "
+            f"{f['updates']} | {f['process_seconds']:.1f} |"
+        )
+    print(
+        f"\nspeedup of one stage (fastest of {a.repeats} each): "
+        f"{best['then']['stage_seconds'] / best['now']['stage_seconds']:.2f}×"
+    )
     return 0
 
 

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from orchestra.runtime.team_file import TeamSpec, load_team
     from orchestra.teamtr.config import TeamTRConfig
     from orchestra.teamtr.llm_config import LLMTeamConfig
-    from policies.offline import OfflineConfig
+    from policies.learning.offline import OfflineConfig
 
 # public name → the module that defines it
 _HOME = {
@@ -61,7 +61,7 @@ _HOME = {
     "train_conductor": "orchestra.jobs.conductor",
     "TrainConfig": "orchestra.jobs.conductor",
     "TrainedConductor": "orchestra.jobs.conductor",
-    "OfflineConfig": "policies.offline",
+    "OfflineConfig": "policies.learning.offline",
     "evaluate": "orchestra.jobs.evaluate",
     "EvaluateConfig": "orchestra.jobs.evaluate",
     "Evaluation": "orchestra.jobs.evaluate",

@@ -1,8 +1,11 @@
-"""Conductor policies: rule-based schedulers now; learned conductors (d3rlpy, SB3) build on the same contract."""
+"""Conductor policies: the contract every conductor keeps (``base``: :class:`ConductorPolicy`, a masked discrete
+choice of the next worker and instruction), the conductors that need no training (``conductors``: rule-based, human,
+ε-exploration) and the learning of a conductor from data (``learning``: datasets, d3rlpy, MaskablePPO, distillation,
+checkpoints). The rule-based ones and the human are named here for short."""
 
 from policies.base import ConductorPolicy, PolicyError, first_legal
-from policies.human import HumanConductor, QuitSession
-from policies.rule_based import (
+from policies.conductors.human import HumanConductor, QuitSession
+from policies.conductors.rule_based import (
     HeuristicConductor,
     HeuristicRules,
     PipelineConductor,

@@ -20,7 +20,7 @@ from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.team_file import TeamSpec, load_team
 from orchestra.runtime.workers import Worker
-from policies.dataset import ConductorDataset
+from policies.learning.dataset import ConductorDataset
 from trajectories import Episode, TrajectoryWriter
 
 
@@ -106,5 +106,12 @@ def array_dataset(**arrays: Any) -> ConductorDataset:
     """A ConductorDataset from its arrays alone (``observations``, ``actions``, ``rewards``, ``terminals``,
     ``timeouts``, ``masks``, ``episode_index``, ``final_observations``, ``episodes``) in a fixed small layout: three
     features f0..f2, actions ``w:x`` and ``submit``, no stored states. For tests of episode boundaries."""
-    return ConductorDataset(**arrays, states=[{}] * len(arrays["actions"]), feature_names=["f0", "f1", "f2"],
-                            action_labels=["w:x", "submit"], weights={}, team="t", embedder="none")  # fmt: skip
+    return ConductorDataset(
+        **arrays,
+        states=[{}] * len(arrays["actions"]),
+        feature_names=["f0", "f1", "f2"],
+        action_labels=["w:x", "submit"],
+        weights={},
+        team="t",
+        embedder="none",
+    )

@@ -204,10 +204,18 @@ def tiny_model(seed: int = 0) -> Any:
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2,
-        bos_token_id=0, eos_token_id=1, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 

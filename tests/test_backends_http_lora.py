@@ -63,8 +63,15 @@ def test_a_workers_adapter_is_the_requests_model_on_a_real_server(aliased_server
     team_yaml = tmp_path / "team.yaml"
     raw = json.loads(json.dumps(raw))
     raw["embedder"] = "hash"
-    raw["backends"] = {"srv": {"type": "http", "base_url": aliased_server, "model": "smollm2", "timeout_s": 120,
-                               "adapters": {"solver": "solver-v1"}}}  # fmt: skip
+    raw["backends"] = {
+        "srv": {
+            "type": "http",
+            "base_url": aliased_server,
+            "model": "smollm2",
+            "timeout_s": 120,
+            "adapters": {"solver": "solver-v1"},
+        }
+    }
     for w in raw["workers"]:
         if w.get("kind", "llm") == "llm":
             w["backend"] = "srv"

@@ -64,9 +64,12 @@ def test_the_serial_path_is_llama_cpps_own_evaluation(serial: Any) -> None:
     req = chat(QUESTIONS[2], system=SYSTEM, max_tokens=24)
     got = serial.generate([req])[0]
     llm = llama_cpp.Llama(
-        model_path=str(serial.source.path), n_ctx=1024, n_threads=serial.n_threads, n_threads_batch=serial.n_threads,
+        model_path=str(serial.source.path),
+        n_ctx=1024,
+        n_threads=serial.n_threads,
+        n_threads_batch=serial.n_threads,
         verbose=False,
-    )  # fmt: skip
+    )
     try:
         llm.eval(serial.prompt_ids(req.messages))
         ids, logprobs = [], []

@@ -86,9 +86,18 @@ def test_dataset_train_ope_distill_evaluate(tmp_path: Path, recorded: Path) -> N
 
     # depth 5: the arithmetic heuristic allows two revisions, and counting FAILs takes one more split than depth 4
     r = orchestra(
-        "distill", "--dataset", str(ds), "--team", team, "--conductor", "heuristic", "--max-depth", "5",
-        "--out", str(tmp_path / "tree"),
-    )  # fmt: skip
+        "distill",
+        "--dataset",
+        str(ds),
+        "--team",
+        team,
+        "--conductor",
+        "heuristic",
+        "--max-depth",
+        "5",
+        "--out",
+        str(tmp_path / "tree"),
+    )
     assert r.returncode == 0, r.stderr
     fidelity = float(r.stdout.split("fidelity: ")[1].split()[0])
     assert fidelity >= 0.9 and (tmp_path / "tree" / "rules.txt").exists()
@@ -172,10 +181,28 @@ def test_finetune_conductor_with_rails_on_real_workers(tmp_path: Path) -> None:
     team = str(short_team(tmp_path))
     out = tmp_path / "ppo"
     r = orchestra(
-        "finetune-conductor", "--team", team, "--out", str(out), "--timesteps", "32", "--n-steps", "16",
-        "--warm-start", "pipeline", "--max-turns", "2", "--allow", "solver:solve", "--allow", "calculator:check",
-        "--allow", "submit", "--quiet", env=env,
-    )  # fmt: skip
+        "finetune-conductor",
+        "--team",
+        team,
+        "--out",
+        str(out),
+        "--timesteps",
+        "32",
+        "--n-steps",
+        "16",
+        "--warm-start",
+        "pipeline",
+        "--max-turns",
+        "2",
+        "--allow",
+        "solver:solve",
+        "--allow",
+        "calculator:check",
+        "--allow",
+        "submit",
+        "--quiet",
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert (out / "checkpoint" / "conductor.json").exists()
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

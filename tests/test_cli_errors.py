@@ -81,7 +81,7 @@ CASES: dict[str, tuple[list[str], str]] = {
             "{dir}/d.jsonl",
         ],
         "small.jsonl",
-    ),  # fmt: skip
+    ),
     "no dataset": (["train", "--dataset", "{dir}/none.npz", "--algo", "bc", "--out", "{dir}/m"], "none.npz"),
     "junk dataset": (["train", "--dataset", "{junk_npz}", "--algo", "bc", "--out", "{dir}/m"], "junk.npz"),
     "no trajectories": (
@@ -162,10 +162,22 @@ def failing_third_write(real: Any, code: int) -> Any:
 
 def test_the_real_entry_point_exits_2_without_a_traceback(tmp_path: Path) -> None:
     p = subprocess.run(
-        [sys.executable, "-m", "orchestra", "train", "--dataset", str(tmp_path / "none.npz"), "--algo", "bc",
-         "--out", str(tmp_path / "m")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestra",
+            "train",
+            "--dataset",
+            str(tmp_path / "none.npz"),
+            "--algo",
+            "bc",
+            "--out",
+            str(tmp_path / "m"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert [ln for ln in p.stderr.splitlines() if ln.startswith("error:")] == [
         f"error: {tmp_path / 'none.npz'}: no such dataset file (build one with `orchestra dataset build`)"

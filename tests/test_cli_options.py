@@ -53,9 +53,17 @@ def _parser() -> argparse.ArgumentParser:
     add_options(
         p,
         Outer,
-        ["name", "count", "sizes", Opt("on", "--off"), "maybe", Opt("inner.rate", "--rate"), Opt("inner.mode", "--mode"),
-         Opt("seed", also=("inner_seed",))],
-    )  # fmt: skip
+        [
+            "name",
+            "count",
+            "sizes",
+            Opt("on", "--off"),
+            "maybe",
+            Opt("inner.rate", "--rate"),
+            Opt("inner.mode", "--mode"),
+            Opt("seed", also=("inner_seed",)),
+        ],
+    )
     return p
 
 
@@ -154,9 +162,25 @@ def _leaves(p: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> dict[tupl
 def test_the_same_commands_as_before() -> None:
     ap, handlers = build_parser()
     assert list(handlers) == [
-        "record", "evaluate", "trajectories", "cache", "report", "teams", "families", "demo", "experiment", "dataset", "train", "ope",
-        "finetune-conductor", "distill", "reproduce", "finetune", "align", "doctor",
-    ]  # fmt: skip
+        "record",
+        "evaluate",
+        "trajectories",
+        "cache",
+        "report",
+        "teams",
+        "families",
+        "demo",
+        "experiment",
+        "dataset",
+        "train",
+        "ope",
+        "finetune-conductor",
+        "distill",
+        "reproduce",
+        "finetune",
+        "align",
+        "doctor",
+    ]
     assert set(_leaves(ap)) >= set(_roots())
 
 

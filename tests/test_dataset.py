@@ -12,8 +12,8 @@ import pytest
 
 from envs.observation import ObservationEncoder
 from orchestra.runtime.team_file import load_team
-from policies.checkpoint import LayoutError
-from policies.dataset import ConductorDataset, DatasetError, DatasetFilter, build_dataset
+from policies.learning.checkpoint import LayoutError
+from policies.learning.dataset import ConductorDataset, DatasetError, DatasetFilter, build_dataset
 from tests.scripted import arithmetic_team, array_dataset, record_scripted
 
 TEAM = arithmetic_team()
@@ -83,7 +83,7 @@ def _ds(terminated: list[bool], truncated: list[bool]) -> ConductorDataset:
 
 
 def test_d3rlpy_boundaries_terminal_timeout_and_final_observation() -> None:
-    from policies.dataset import EpisodeInfo
+    from policies.learning.dataset import EpisodeInfo
 
     ds = _ds([True, False], [True, True])  # episode 0: terminal AND timeout on one step; 1: timeout only
     ds.episodes = [EpisodeInfo(str(i), "c", "f", "train", str(i), False, 1.0, False, 1) for i in range(2)]

@@ -19,7 +19,7 @@ from envs.team_env import CONDUCTOR, TeamEnv
 from orchestra.runtime.team_file import load_team
 from policies import ConductorPolicy, HeuristicConductor, HeuristicRules, PipelineConductor
 from policies.base import PolicyError
-from policies.distill import (
+from policies.learning.distill import (
     DistillConfig,
     DistillResult,
     distill,

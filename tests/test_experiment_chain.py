@@ -161,10 +161,20 @@ def test_trust_region_accounting(chain_dir: Path) -> None:
 
 
 def test_trust_counts_by_hand() -> None:
-    u = {"agent/a/kl_trust": 0.02, "agent/a/delta": 0.01, "agent/a/accepted": 0.0, "agent/a/early_stopped": 1.0,
-         "agent/b/kl_trust": 0.005, "agent/b/delta": 0.01, "agent/b/accepted": 1.0, "agent/b/early_stopped": 1.0}  # fmt: skip
-    got = trust_counts([u, {"agent/a/kl_trust": 0.012, "agent/a/delta": 0.01, "agent/a/accepted": 1.0,
-                            "agent/a/early_stopped": 0.0}], ("a", "b"))  # fmt: skip
+    u = {
+        "agent/a/kl_trust": 0.02,
+        "agent/a/delta": 0.01,
+        "agent/a/accepted": 0.0,
+        "agent/a/early_stopped": 1.0,
+        "agent/b/kl_trust": 0.005,
+        "agent/b/delta": 0.01,
+        "agent/b/accepted": 1.0,
+        "agent/b/early_stopped": 1.0,
+    }
+    got = trust_counts(
+        [u, {"agent/a/kl_trust": 0.012, "agent/a/delta": 0.01, "agent/a/accepted": 1.0, "agent/a/early_stopped": 0.0}],
+        ("a", "b"),
+    )
     assert got == dict(agent_updates=3, accepted=2, bound=2, kl_over=1, kl_max_ratio=pytest.approx(1.2))
 
 

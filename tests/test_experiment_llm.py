@@ -118,9 +118,21 @@ def _rows(cfg: LLMExperimentConfig, outcome: dict[str, Any]) -> list[dict[str, A
             m = by_stage[stage] if isinstance(by_stage, dict) else by_stage
             for s in range(cfg.seeds):
                 for t in range(cfg.eval_tasks):
-                    rows.append(dict(scheme=scheme, seed=s, stage=stage, episodes=stage * 16, tokens=stage * 100,
-                                     train_seconds=float(stage), task=t, difficulty=1, success=float(m[s, t]),
-                                     **{"return": float(m[s, t]) - 0.1}, eval_tokens=10))  # fmt: skip
+                    rows.append(
+                        dict(
+                            scheme=scheme,
+                            seed=s,
+                            stage=stage,
+                            episodes=stage * 16,
+                            tokens=stage * 100,
+                            train_seconds=float(stage),
+                            task=t,
+                            difficulty=1,
+                            success=float(m[s, t]),
+                            **{"return": float(m[s, t]) - 0.1},
+                            eval_tokens=10,
+                        )
+                    )
     return rows
 
 
@@ -157,8 +169,11 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     # no effect: the acceptance reads False
     null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
     assert acceptance(null) == {"equal_stages": False, "equal_episodes": False, "equal_updates": False}
-    off = analyse(replace(cfg, equal_updates_control=False), _rows(cfg, {"frozen": frozen, "teamtr": better,
-                                                                          "naive": frozen.copy()}), tmp_path)  # fmt: skip
+    off = analyse(
+        replace(cfg, equal_updates_control=False),
+        _rows(cfg, {"frozen": frozen, "teamtr": better, "naive": frozen.copy()}),
+        tmp_path,
+    )
     assert acceptance(off) == {"equal_stages": True, "equal_episodes": True}  # no control, no third reading
     # noise without an effect: not an improvement, and the reading says how large an effect the test could have seen
     flip = rng.random((3, 200)) < np.where(frozen == 1, 0.14, 0.06)  # as many losses as gains on average
@@ -185,8 +200,11 @@ def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     assert "Control, teamtr − naive" in reading and "does not survive when the updates are equal" in reading
     assert "Over seeds, at equal updates: +0.0 / +0.0 / +0.0 points (no seed shows a difference)" in reading
-    gain = next(r for r in tables["vs_frozen"] if r["accounting"] == "equal_episodes" and r["scheme"] == "naive"
-                and r["measure"] == "success")  # fmt: skip
+    gain = next(
+        r
+        for r in tables["vs_frozen"]
+        if r["accounting"] == "equal_episodes" and r["scheme"] == "naive" and r["measure"] == "success"
+    )
     assert (
         gain["lo"] > 0
         and (
@@ -213,11 +231,25 @@ def test_freshness_control_reads_teamtr_against_stale_indep(tmp_path: Path) -> N
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
     tables = analyse(
-        cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy(),
-                         "stale_indep": {6: frozen.copy(), 12: better}}), tmp_path
-    )  # fmt: skip
-    row = next(r for r in tables["pairwise"] if r["accounting"] == "equal_updates" and r["measure"] == "success"
-               and (r["scheme"], r["vs"]) == ("teamtr", "stale_indep"))  # fmt: skip
+        cfg,
+        _rows(
+            cfg,
+            {
+                "frozen": frozen,
+                "teamtr": frozen.copy(),
+                "naive": frozen.copy(),
+                "stale_indep": {6: frozen.copy(), 12: better},
+            },
+        ),
+        tmp_path,
+    )
+    row = next(
+        r
+        for r in tables["pairwise"]
+        if r["accounting"] == "equal_updates"
+        and r["measure"] == "success"
+        and (r["scheme"], r["vs"]) == ("teamtr", "stale_indep")
+    )
     assert row["hi"] < 0 and row["p_holm"] < 0.05
     reading = "\n".join(summary_sections(cfg, tables, 0.0)["reading"])
     at_updates = next(line for line in reading.splitlines() if line.startswith("- Freshness control after 12 stages"))
@@ -247,8 +279,17 @@ def smoke_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
-    for name in ("config.json", "evals.csv", "final.csv", "vs_frozen.csv", "pairwise.csv", "curves.csv",
-                 "training.csv", "learning_curves.png", "summary.md"):  # fmt: skip
+    for name in (
+        "config.json",
+        "evals.csv",
+        "final.csv",
+        "vs_frozen.csv",
+        "pairwise.csv",
+        "curves.csv",
+        "training.csv",
+        "learning_curves.png",
+        "summary.md",
+    ):
         assert (smoke_dir / name).exists(), name
     rows = read_rows(smoke_dir / "evals.csv", EVAL_COLUMNS)
     keys = {(r["scheme"], r["seed"], r["stage"]) for r in rows}
@@ -263,9 +304,15 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
         updates = _csv(smoke_dir / "runs" / f"{scheme}-seed0" / "updates.csv")
         assert updates and all(math.isfinite(float(u["rollout/reward_mean"])) for u in updates)
     summary = (smoke_dir / "summary.md").read_text()
-    for needle in ("Against the frozen team", "Between schemes", "equal sampled episodes", "teamtr − naive",
-                   "equal updates, the control", "Control, teamtr − naive",
-                   "What the numbers show, and what they do not"):  # fmt: skip
+    for needle in (
+        "Against the frozen team",
+        "Between schemes",
+        "equal sampled episodes",
+        "teamtr − naive",
+        "equal updates, the control",
+        "Control, teamtr − naive",
+        "What the numbers show, and what they do not",
+    ):
         assert needle in summary
 
 
@@ -334,8 +381,10 @@ def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
         f"{scheme} seed {s} stage {k}" for scheme in ("teamtr", "naive") for s in range(3) for k in (1, 2)
     ]
     rows = read_rows(tmp_path / "evals.csv", EVAL_COLUMNS)
-    frozen = {s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
-              for s in range(3)}  # fmt: skip
+    frozen = {
+        s: [(r["task"], r["success"], r["return"]) for r in rows if r["scheme"] == "frozen" and r["seed"] == s]
+        for s in range(3)
+    }
     assert len(frozen[0]) == 3 and frozen[0] == frozen[1] == frozen[2]  # one copy per seed, no more
     assert len(rows) == 3 * 3 + 2 * 3 * 3 * 2  # frozen, teamtr and naive at 1 and 2, per seed and task
 
@@ -369,8 +418,24 @@ def test_cli_experiment_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert "usage: orchestra experiment llm" in text and "--eval-split" in text and "--smoke" in text
     out = tmp_path / "cli"
     report = tmp_path / "docs" / "finetune.md"
-    rc = main(["experiment", "llm", "--smoke", "--schemes", "teamtr", "--eval-tasks", "3", "--out", str(out),
-               "--report", str(report), "--threads", "1", "--quiet"])  # fmt: skip
+    rc = main(
+        [
+            "experiment",
+            "llm",
+            "--smoke",
+            "--schemes",
+            "teamtr",
+            "--eval-tasks",
+            "3",
+            "--out",
+            str(out),
+            "--report",
+            str(report),
+            "--threads",
+            "1",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
     assert {r["scheme"] for r in _csv(out / "evals.csv")} == {"frozen", "teamtr"}

@@ -34,7 +34,7 @@ from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.team_file import TeamSpec
 from orchestra.runtime.workers import Worker
-from policies.dataset import DatasetFilter, build_dataset
+from policies.learning.dataset import DatasetFilter, build_dataset
 from trajectories import Episode, EpisodeError, SchemaError, TrajectoryWriter, read_trajectories
 from trajectories import summarize as traj_summarize
 
@@ -404,9 +404,17 @@ def test_transformers_an_exception_inside_the_model_fails_alone() -> None:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=128, bos_token_id=0, eos_token_id=1, pad_token_id=0,
-    )  # fmt: skip
+        vocab_size=16,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     words = ["<pad>", "<eos>", "<unk>", "user", "assistant", ":"] + [f"w{i}" for i in range(40)]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from envs.tasks.user_data import UserDataError, UserDataFamily
 from orchestra.runtime.team_file import TeamFileError, load_team
 from policies.base import PolicyError
-from policies.dataset import ConductorDataset, DatasetError, build_dataset
+from policies.learning.dataset import ConductorDataset, DatasetError, build_dataset
 from trajectories import Episode, SchemaError, read_trajectories
 
 from .scripted import arithmetic_team, record_scripted
@@ -204,7 +204,7 @@ def test_dataset_header_mutations(tmp_path: Path, dataset_bytes: bytes, value: A
 def test_distilled_tree_loader_refuses_bad_arrays(tmp_path: Path, which: str, v: int) -> None:
     from sklearn.tree import DecisionTreeClassifier
 
-    from policies.distill import DistillConfig, DistillResult, TreeArrays
+    from policies.learning.distill import DistillConfig, DistillResult, TreeArrays
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 3)), rng.integers(0, 3, 60)
@@ -247,11 +247,27 @@ def test_phase2_checkpoint_loader_on_damaged_files(tmp_path: Path, name: str, ju
 
 # ------------------------------------------------------------------------------------------ user data
 USER_RECORDS = st.dictionaries(
-    st.sampled_from(["question", "answer", "id", "split", "difficulty", "solution", "problem", "text", "test_list",
-                     "prompt", "entry_point", "test", "code", "zz"]),
+    st.sampled_from(
+        [
+            "question",
+            "answer",
+            "id",
+            "split",
+            "difficulty",
+            "solution",
+            "problem",
+            "text",
+            "test_list",
+            "prompt",
+            "entry_point",
+            "test",
+            "code",
+            "zz",
+        ]
+    ),
     VALUES,
     max_size=5,
-)  # fmt: skip
+)
 
 
 @seed(9)

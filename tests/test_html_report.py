@@ -39,8 +39,14 @@ class _Episodes(HTMLParser):
             return
         cls = (a.get("class") or "").split()
         if tag == "section" and "episode" in cls:
-            self.episodes.append({"conductor": a.get("data-conductor"), "outcome": a.get("data-outcome"),
-                                  "hidden": "hidden" in a, "steps": 0})  # fmt: skip
+            self.episodes.append(
+                {
+                    "conductor": a.get("data-conductor"),
+                    "outcome": a.get("data-outcome"),
+                    "hidden": "hidden" in a,
+                    "steps": 0,
+                }
+            )
         elif tag == "div" and "step" in cls and self.episodes:
             self.episodes[-1]["steps"] = int(self.episodes[-1]["steps"]) + 1  # type: ignore[call-overload]
 
@@ -99,9 +105,21 @@ def test_report_renders_in_a_browser_and_filters(run_dir: Path, tmp_path: Path) 
     failures.feed(_dom(report.as_uri() + "#outcome=failure", tmp_path))
     assert all(e["hidden"] == (e["outcome"] != "failure") for e in failures.episodes)
     shot = run_dir / "report.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p2'}",
-                    "--window-size=1300,1800", f"--screenshot={shot}", report.as_uri()],
-                   capture_output=True, timeout=120, check=True)  # fmt: skip
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'p2'}",
+            "--window-size=1300,1800",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert shot.stat().st_size > 10_000
 
 

@@ -115,8 +115,14 @@ def test_an_expert_records_two_episodes_in_a_terminal(tmp_path: Path) -> None:
     shown = orchestra("trajectories", "show", str(tmp_path / "human.jsonl"), "--index", "0")
     assert f'own instruction: "{OWN}" (mapped to solver:solve, action 0' in shown
     built = orchestra(
-        "dataset", "build", "--team", "arithmetic", "--input", str(tmp_path / "human.jsonl"),
-        "--out", str(tmp_path / "human.npz"),
-    )  # fmt: skip
+        "dataset",
+        "build",
+        "--team",
+        "arithmetic",
+        "--input",
+        str(tmp_path / "human.jsonl"),
+        "--out",
+        str(tmp_path / "human.npz"),
+    )
     assert "instructions in the conductor's own words: 1" in built
     assert f'"{OWN}" → solver:solve (action 0' in built

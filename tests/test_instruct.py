@@ -20,8 +20,8 @@ from orchestra.report.summaries import format_dataset_summary, format_episode
 from orchestra.runtime.llm_conductor import LLMConductor
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from policies import QuitSession
-from policies.dataset import ConductorDataset, build_dataset
-from policies.human import HumanConductor
+from policies.conductors.human import HumanConductor
+from policies.learning.dataset import ConductorDataset, build_dataset
 from tests.scripted import arithmetic_team, scripted_workers
 from trajectories import Episode, TrajectoryWriter, read_trajectories
 

@@ -110,8 +110,13 @@ def test_cpu_info_reads_the_model_and_flags(tmp_path: Path) -> None:
 
 def test_system_features_parses_llamacpps_system_info() -> None:
     info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AMX_INT8 = 1 | LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | "
-    assert system_features(info) == {"SSE3": "1", "AVX": "1", "AVX2": "1", "AMX_INT8": "1", **{
-        "LLAMAFILE": "1", "OPENMP": "1", "REPACK": "1"}}  # fmt: skip
+    assert system_features(info) == {
+        "SSE3": "1",
+        "AVX": "1",
+        "AVX2": "1",
+        "AMX_INT8": "1",
+        **{"LLAMAFILE": "1", "OPENMP": "1", "REPACK": "1"},
+    }
 
 
 def test_the_built_library_reports_no_amx_kernel() -> None:

@@ -52,7 +52,7 @@ def test_a_damaged_line_inside_the_file_is_named(tmp_path: Path) -> None:
 
 
 def test_offline_training_writes_tensorboard(tmp_path: Path) -> None:
-    from policies.offline import OfflineConfig, train_offline
+    from policies.learning.offline import OfflineConfig, train_offline
     from tests.test_offline import synthetic
 
     cfg = OfflineConfig(algo="bc", n_steps=200, n_steps_per_epoch=100, seed=0)

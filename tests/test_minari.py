@@ -10,8 +10,8 @@ import pytest
 
 from envs.observation import ObservationEncoder
 from orchestra.cli import main
-from policies.dataset import ConductorDataset, DatasetError, EpisodeInfo, build_dataset
-from policies.minari_io import load_minari, minari_header, to_minari
+from policies.learning.dataset import ConductorDataset, DatasetError, EpisodeInfo, build_dataset
+from policies.learning.minari_io import load_minari, minari_header, to_minari
 from tests.scripted import arithmetic_team, array_dataset, record_scripted
 
 TEAM = arithmetic_team()

@@ -13,10 +13,10 @@ import pytest
 from envs.observation import ObservationEncoder
 from orchestra.jobs.phase1 import drop_stale_evaluation, model_digest
 from orchestra.runtime.team_file import load_team
-from policies.checkpoint import LayoutError, PolicyError
-from policies.dataset import ConductorDataset, EpisodeInfo, build_dataset
-from policies.learned import load_conductor
-from policies.offline import FQEConfig, OfflineConductor, OfflineConfig, agreement, fqe_evaluate, train_offline
+from policies.learning.checkpoint import LayoutError, PolicyError
+from policies.learning.dataset import ConductorDataset, EpisodeInfo, build_dataset
+from policies.learning.learned import load_conductor
+from policies.learning.offline import FQEConfig, OfflineConductor, OfflineConfig, agreement, fqe_evaluate, train_offline
 from tests.scripted import arithmetic_team, record_scripted
 from trajectories.rundir import ConfigMismatchError
 
@@ -228,7 +228,7 @@ def test_cql_targets_bootstrap_from_the_best_legal_action(random_data: Conductor
     equal and this test would fail."""
     import torch
 
-    from policies.offline import make_algo, mask_target_actions
+    from policies.learning.offline import make_algo, mask_target_actions
 
     cfg = OfflineConfig(algo="cql", n_steps=10, n_steps_per_epoch=10)
     algo = make_algo(cfg)
@@ -281,7 +281,7 @@ def _untimed(rows: list[dict]) -> list[dict]:  # type: ignore[type-arg]
 def test_a_training_killed_mid_run_resumes_bit_identical(
     algo: str, tmp_path: Path, random_data: ConductorDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from policies import train_state
+    from policies.learning import train_state
 
     cfg = OfflineConfig(algo=algo, n_steps=1200, n_steps_per_epoch=300, target_update_interval=250, seed=3)
     straight = train_offline(random_data, cfg, tmp_path / "straight")

@@ -22,10 +22,10 @@ from orchestra.runtime.conductor_gym import ConductorGymEnv, SafetyRails
 from orchestra.runtime.rollout import RolloutEngine, plan_jobs
 from orchestra.runtime.workers import Worker
 from policies.base import ConductorPolicy, PolicyError
-from policies.checkpoint import ConductorMeta, LayoutError, team_layout
-from policies.dataset import build_dataset
-from policies.learned import load_conductor
-from policies.online import PPOConductor, PPOConfig, aggregate_episode_metrics, train_ppo
+from policies.learning.checkpoint import ConductorMeta, LayoutError, team_layout
+from policies.learning.dataset import build_dataset
+from policies.learning.learned import load_conductor
+from policies.learning.online import PPOConductor, PPOConfig, aggregate_episode_metrics, train_ppo
 from tests.test_conductor_gym import ScriptedBackend, make_team
 
 

@@ -114,9 +114,16 @@ def test_specs_parse_stack_and_refuse_bad_input() -> None:
     assert parse_perturbation("drop=0.2") == ("drop", 0.2)
     env = perturbed(make_env(), ["action_noise=0.1", "drop=0.2", "outage=0.5"], seed=3)
     assert [type(env).__name__, type(env.env).__name__, type(env.env.env).__name__] == [
-        "ActionNoise", "WorkerOutage", "MessageDrop"]  # fmt: skip
-    for bad, msg in (("drop", "KIND=STRENGTH"), ("loss=0.1", "KIND=STRENGTH"), ("drop=x", "not a number"),
-                     ("drop=2", r"in \[0, 1\]")):  # fmt: skip
+        "ActionNoise",
+        "WorkerOutage",
+        "MessageDrop",
+    ]
+    for bad, msg in (
+        ("drop", "KIND=STRENGTH"),
+        ("loss=0.1", "KIND=STRENGTH"),
+        ("drop=x", "not a number"),
+        ("drop=2", r"in \[0, 1\]"),
+    ):
         with pytest.raises(ValueError, match=msg):
             parse_perturbation(bad)
     with pytest.raises(ValueError, match="at most once"):
@@ -135,8 +142,17 @@ def _run(perturb: tuple[str, ...], conductor: str = "heuristic", n: int = 8) -> 
 
     team = arithmetic_team()
     family = family_of(team.family)
-    engine = RolloutEngine(team, family, scripted_workers(team), conductor_factory(conductor, team, 0),
-                           conductor_name=conductor, num_envs=4, progress=False, perturb=perturb, perturb_seed=7)  # fmt: skip
+    engine = RolloutEngine(
+        team,
+        family,
+        scripted_workers(team),
+        conductor_factory(conductor, team, 0),
+        conductor_name=conductor,
+        num_envs=4,
+        progress=False,
+        perturb=perturb,
+        perturb_seed=7,
+    )
     return engine.run(plan_jobs(family.generate("test", n, 0), 0, "p"))
 
 

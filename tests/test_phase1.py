@@ -44,9 +44,35 @@ def test_caveats_say_when_a_rule_of_the_menu_earns_a_learners_verdict_too() -> N
 
     def paired(conductor: str, rule_based: bool, verdict: str) -> PairedRow:
         return PairedRow(
-            "arithmetic", "arithmetic", conductor, "critique", rule_based, 150, 0.19, 0.14, 0.05, 0.01, 0.1,
-            10, 2, 1.0, 1.0, 0.01, 0.001, 0.001, 0.1, 0.05, 0.15, 0.5, 0.5, 0.51, 0.56, 0.54, 0.59, verdict,
-        )  # fmt: skip
+            "arithmetic",
+            "arithmetic",
+            conductor,
+            "critique",
+            rule_based,
+            150,
+            0.19,
+            0.14,
+            0.05,
+            0.01,
+            0.1,
+            10,
+            2,
+            1.0,
+            1.0,
+            0.01,
+            0.001,
+            0.001,
+            0.1,
+            0.05,
+            0.15,
+            0.5,
+            0.5,
+            0.51,
+            0.56,
+            0.54,
+            0.59,
+            verdict,
+        )
 
     matched = [paired("bc-s0", False, "cheaper"), paired("pipeline", True, "cheaper")]
     text = "\n".join(not_shown([row], matched, seeds=[0, 1, 2], run_seed=0))
@@ -69,10 +95,18 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(session_mod, "build_workers", lambda team, tools, **kw: scripted_workers(team))
     cfg = Phase1Config(
-        teams=["arithmetic"], train_episodes=6, validation_episodes=6, eval_episodes=8, algos=["bc", "cql"],
-        cql_alphas=[0.1, 0.5], seeds=[0, 1], n_steps=60, n_steps_per_epoch=30, fqe_steps=30,
+        teams=["arithmetic"],
+        train_episodes=6,
+        validation_episodes=6,
+        eval_episodes=8,
+        algos=["bc", "cql"],
+        cql_alphas=[0.1, 0.5],
+        seeds=[0, 1],
+        n_steps=60,
+        n_steps_per_epoch=30,
+        fqe_steps=30,
         run=RunOptions(use_cache=False, progress=False),
-    )  # fmt: skip
+    )
     out = tmp_path / "run"
     res = run_phase1(cfg, out)
     for key in ("summary", "ledger", "headroom", "fqe", "cost_quality"):

@@ -284,8 +284,13 @@ def _tainted(tree: ast.AST) -> tuple[set[str], set[str]]:
     """Names assigned a config file's path, and names assigned a config read back from one (to a fixed point)."""
     paths: set[str] = set()
     saved: set[str] = set()
-    assigns = [(t.id, a.value) for a in _own_nodes(tree) if isinstance(a, ast.Assign) for t in a.targets
-               if isinstance(t, ast.Name)]  # fmt: skip
+    assigns = [
+        (t.id, a.value)
+        for a in _own_nodes(tree)
+        if isinstance(a, ast.Assign)
+        for t in a.targets
+        if isinstance(t, ast.Name)
+    ]
     while True:
         before = (len(paths), len(saved))
         for name, value in assigns:

@@ -227,14 +227,45 @@ def test_landlock_is_enforced_where_the_kernel_has_it() -> None:
     assert r.reads_confined and "landlock" in r.mechanisms, r.mechanisms
 
 
-# fmt: off
 STDLIB = [
-    "json", "re", "collections", "math", "itertools", "functools", "heapq", "dataclasses", "typing", "fractions",
-    "decimal", "datetime", "string", "random", "statistics", "bisect", "hashlib", "textwrap", "unicodedata", "zlib",
-    "sqlite3", "threading", "zoneinfo", "csv", "struct", "array", "copy", "enum", "pathlib", "tempfile",
-    "uuid", "base64", "difflib", "lzma", "bz2", "inspect", "ast",
+    "json",
+    "re",
+    "collections",
+    "math",
+    "itertools",
+    "functools",
+    "heapq",
+    "dataclasses",
+    "typing",
+    "fractions",
+    "decimal",
+    "datetime",
+    "string",
+    "random",
+    "statistics",
+    "bisect",
+    "hashlib",
+    "textwrap",
+    "unicodedata",
+    "zlib",
+    "sqlite3",
+    "threading",
+    "zoneinfo",
+    "csv",
+    "struct",
+    "array",
+    "copy",
+    "enum",
+    "pathlib",
+    "tempfile",
+    "uuid",
+    "base64",
+    "difflib",
+    "lzma",
+    "bz2",
+    "inspect",
+    "ast",
 ]
-# fmt: on
 
 
 @pytest.mark.parametrize(
@@ -260,8 +291,17 @@ def test_stdlib_imports_and_work_dir_writes_still_work(layers: dict[str, Any]) -
     r = run_python(code, max_processes=8, memory_mb=512, cpu_seconds=5, wall_seconds=30, **layers)
     assert r.ok, r.stderr
     assert r.stdout.split() == [
-        "2d711642", "CEST", "b'\\xe9'", "b'\\xff\\xfex\\x00'", "2.1", "1/3", "['d',", "'scratch.db']", "ok", "True"
-    ], r.stdout  # fmt: skip
+        "2d711642",
+        "CEST",
+        "b'\\xe9'",
+        "b'\\xff\\xfex\\x00'",
+        "2.1",
+        "1/3",
+        "['d',",
+        "'scratch.db']",
+        "ok",
+        "True",
+    ], r.stdout
     if LANDLOCK_ABI:
         assert r.reads_confined
 

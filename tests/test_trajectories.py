@@ -534,10 +534,29 @@ def test_parquet_pandas_and_datasets_round_trip(tmp_path: Path) -> None:
     df = load_pandas(steps_pq, table="steps")
     assert len(df) == n_steps
     for col in [
-        "episode_id", "run_id", "task_id", "family", "split", "conductor", "success", "return", "t",
-        "action_id", "action_kind", "worker", "instruction", "message_text", "completion_tokens",
-        "reward_scalar", "reward_success", "reward_turn_cost", "terminated", "truncated", "observation", "state",
-    ]:  # fmt: skip
+        "episode_id",
+        "run_id",
+        "task_id",
+        "family",
+        "split",
+        "conductor",
+        "success",
+        "return",
+        "t",
+        "action_id",
+        "action_kind",
+        "worker",
+        "instruction",
+        "message_text",
+        "completion_tokens",
+        "reward_scalar",
+        "reward_success",
+        "reward_turn_cost",
+        "terminated",
+        "truncated",
+        "observation",
+        "state",
+    ]:
         assert col in df.columns, col
     assert df.equals(load_pandas(path, table="steps"))  # JSONL and Parquet give the same frame
     first = df[df.episode_id == "e2"].sort_values("t")

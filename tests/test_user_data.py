@@ -96,9 +96,9 @@ def test_mbpp_datasets_folder_with_visible_and_hidden_tests(tmp_path: Path) -> N
     import datasets
 
     folder = tmp_path / "mbpp"
-    datasets.DatasetDict({"train": datasets.Dataset.from_list(MBPP[:1]), "test": datasets.Dataset.from_list(MBPP[1:])}).save_to_disk(
-        str(folder)
-    )  # fmt: skip
+    datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(MBPP[:1]), "test": datasets.Dataset.from_list(MBPP[1:])}
+    ).save_to_disk(str(folder))
     fam = UserDataFamily(folder, name="mbpp")
     assert fam.format == "mbpp"  # type: ignore[attr-defined]
     add = fam.generate("train", 1, 0)[0]
@@ -176,9 +176,27 @@ def test_files_that_cannot_be_read_are_one_clear_error(tmp_path: Path) -> None:
 def test_cli_names_a_split_too_small_in_one_line(tmp_path: Path) -> None:
     data = _jsonl(tmp_path / "gsm8k.jsonl", GSM8K)
     res = subprocess.run(
-        [sys.executable, "-m", "orchestra", "record", "--team", "arithmetic", "--conductor", "pipeline",
-         "--family", str(data), "--episodes", "50", "--out", str(tmp_path / "r.jsonl"), "--no-cache", "--quiet"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestra",
+            "record",
+            "--team",
+            "arithmetic",
+            "--conductor",
+            "pipeline",
+            "--family",
+            str(data),
+            "--episodes",
+            "50",
+            "--out",
+            str(tmp_path / "r.jsonl"),
+            "--no-cache",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith(f"error: {data}: 50 train tasks requested, the data holds")

@@ -275,8 +275,25 @@ def test_types_are_checked_after_the_round_trip() -> None:
 
 def test_plain_codec_round_trip_and_refusals() -> None:
     enc, dec = make_plain_encoder(10_000, MAX_DEPTH), make_plain_decoder(10_000, MAX_DEPTH)
-    values = [None, True, 0, -(2**70), 1.5, float("inf"), "é\ud800\"", b"\x00\xff", [1, [2]], (1, (2,)), {1, 2},
-              frozenset({"a"}), {"a": [1], (1, 2): None}, [], (), {}, set()]  # fmt: skip
+    values = [
+        None,
+        True,
+        0,
+        -(2**70),
+        1.5,
+        float("inf"),
+        'é\ud800"',
+        b"\x00\xff",
+        [1, [2]],
+        (1, (2,)),
+        {1, 2},
+        frozenset({"a"}),
+        {"a": [1], (1, 2): None},
+        [],
+        (),
+        {},
+        set(),
+    ]
     for v in values:
         back = dec(enc(v))
         assert type(back) is type(v) and same_value(back, v), v
@@ -290,8 +307,17 @@ def test_plain_codec_round_trip_and_refusals() -> None:
     for bad in [Int(3), [Int(3)], {1: object()}, "x" * 20_000, deep, 10**30000, print]:
         with pytest.raises(NotPlain):
             enc(bad)
-    for text in ['{"x": 1}', "NaN", '{"tuple": [1], "tuple": [2]}', '{"set": [[1]]}', '{"dict": [[1, 2, 3]]}',
-                 '{"bytes": "AB"}', "[1,", '{"dict": [[1, 2], [1, 3]]}', "[" * 5000 + "]" * 5000]:  # fmt: skip
+    for text in [
+        '{"x": 1}',
+        "NaN",
+        '{"tuple": [1], "tuple": [2]}',
+        '{"set": [[1]]}',
+        '{"dict": [[1, 2, 3]]}',
+        '{"bytes": "AB"}',
+        "[1,",
+        '{"dict": [[1, 2], [1, 3]]}',
+        "[" * 5000 + "]" * 5000,
+    ]:
         with pytest.raises(NotPlain):
             dec(text)
 

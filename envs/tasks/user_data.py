@@ -149,8 +149,10 @@ def read_records(path: str | Path) -> list[tuple[str, dict[str, Any], Split | No
             raise UserDataError(f"{p}: no such file")
         rows = _parquet(p)
     else:
-        raise UserDataError(f"{p}: unsupported data ({'no such file' if not p.exists() else p.suffix or 'no suffix'}); "
-                            "expected a .jsonl file, a .parquet file or a datasets.save_to_disk folder")  # fmt: skip
+        raise UserDataError(
+            f"{p}: unsupported data ({'no such file' if not p.exists() else p.suffix or 'no suffix'}); "
+            "expected a .jsonl file, a .parquet file or a datasets.save_to_disk folder"
+        )
     if not rows:
         raise UserDataError(f"{p}: no records")
     return rows
@@ -194,8 +196,17 @@ def normalize_math(s: str) -> str:
     """A boxed answer in a canonical spelling: no spaces, ``\\left``/``\\right``, ``\\!``, ``$``, ``\\text{}``
     wrappers or a trailing period; ``\\dfrac``/``\\tfrac`` → ``\\frac``."""
     s = re.sub(r"\\text\{([^{}]*)\}", r"\1", s)
-    for old, new in (("\\left", ""), ("\\right", ""), ("\\!", ""), ("\\,", ""), ("$", ""), ("\\dfrac", "\\frac"),
-                     ("\\tfrac", "\\frac"), ("^\\circ", ""), ("^{\\circ}", "")):  # fmt: skip
+    for old, new in (
+        ("\\left", ""),
+        ("\\right", ""),
+        ("\\!", ""),
+        ("\\,", ""),
+        ("$", ""),
+        ("\\dfrac", "\\frac"),
+        ("\\tfrac", "\\frac"),
+        ("^\\circ", ""),
+        ("^{\\circ}", ""),
+    ):
         s = s.replace(old, new)
     return re.sub(r"\s+", "", s).rstrip(".")
 
@@ -305,8 +316,9 @@ def _code_item(record: Mapping[str, Any], fmt: str, where: str) -> Item:
         if entry is None:
             m = re.search(r"assert\s+(?:not\s+)?\(?\s*([A-Za-z_]\w*)\s*\(", tests[0])
             if m is None:
-                raise UserDataError(f"{where}: 'test_list': cannot find the function called in {tests[0]!r}; give "
-                                    "'entry_point'")  # fmt: skip
+                raise UserDataError(
+                    f"{where}: 'test_list': cannot find the function called in {tests[0]!r}; give 'entry_point'"
+                )
             entry = m.group(1)
         visible = _strings(record, "visible_tests", where, required=False) or tests[:1]
         prompt = f"{text.strip()}\nYour code should pass this test:\n" + "\n".join(visible) + f"\n{CODE_INSTRUCTION}"
@@ -539,8 +551,24 @@ class UserDataFamily:
         split = record.get("split", container_split)
         if split is not None and split not in SPLITS:
             raise UserDataError(f"{where}: 'split' must be one of {', '.join(SPLITS)}, got {split!r}")
-        known = {"question", "answer", "problem", "solution", "text", "prompt", "test_list", "challenge_test_list",
-                 "test_setup_code", "entry_point", "test", "visible_tests", "id", "task_id", "difficulty", "split"}  # fmt: skip
+        known = {
+            "question",
+            "answer",
+            "problem",
+            "solution",
+            "text",
+            "prompt",
+            "test_list",
+            "challenge_test_list",
+            "test_setup_code",
+            "entry_point",
+            "test",
+            "visible_tests",
+            "id",
+            "task_id",
+            "difficulty",
+            "split",
+        }
         item.id = None if item_id is None else str(item_id)
         item.difficulty = diff
         item.split = split or split_of(f"{self.name}|{item.prompt.strip()}", self.test_fraction)

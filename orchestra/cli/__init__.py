@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from orchestra.runtime.distributed import RayRolloutError
     from orchestra.runtime.team_file import TeamFileError
     from policies.base import PolicyError
-    from policies.dataset import DatasetError
+    from policies.learning.dataset import DatasetError
     from trajectories import SchemaError, TrajectoryFileError
 
     try:

@@ -50,7 +50,7 @@ def _dataset(p: argparse.ArgumentParser, epilog: str) -> None:
 
 def _train(p: argparse.ArgumentParser, epilog: str) -> None:
     from orchestra.jobs.conductor import TrainConfig
-    from policies.offline import D3RLPY_ALGOS
+    from policies.learning.offline import D3RLPY_ALGOS
 
     add_options(
         p,
@@ -84,9 +84,16 @@ def _ope(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         p,
         OPEConfig,
-        ["checkpoint", "dataset", "team", Opt("fqe.n_steps", "--steps"), Opt("fqe.gamma", "--gamma"), "out",
-         Opt("fqe.seed", "--seed")],
-    )  # fmt: skip
+        [
+            "checkpoint",
+            "dataset",
+            "team",
+            Opt("fqe.n_steps", "--steps"),
+            Opt("fqe.gamma", "--gamma"),
+            "out",
+            Opt("fqe.seed", "--seed"),
+        ],
+    )
 
 
 def _conductor_ppo(p: argparse.ArgumentParser, epilog: str) -> None:
@@ -126,9 +133,14 @@ def _distill(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         p,
         DistillJob,
-        ["out", Opt("distill.max_depth", "--max-depth"), Opt("distill.features", "--features"),
-         Opt("distill.heldout_frac", "--heldout-frac"), Opt("distill.seed", "--seed")],
-    )  # fmt: skip
+        [
+            "out",
+            Opt("distill.max_depth", "--max-depth"),
+            Opt("distill.features", "--features"),
+            Opt("distill.heldout_frac", "--heldout-frac"),
+            Opt("distill.seed", "--seed"),
+        ],
+    )
 
 
 def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
@@ -157,7 +169,7 @@ def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
 
 def _cmd_dataset(a: argparse.Namespace) -> int:
     from orchestra.report.summaries import format_dataset_summary
-    from policies.dataset import ConductorDataset
+    from policies.learning.dataset import ConductorDataset
 
     if a.dataset_command == "stats":
         s = ConductorDataset.load(a.path).summary()
@@ -167,7 +179,7 @@ def _cmd_dataset(a: argparse.Namespace) -> int:
         import os
         from pathlib import Path
 
-        from policies.minari_io import to_minari
+        from policies.learning.minari_io import to_minari
 
         ds = ConductorDataset.load(a.path)
         root = a.root or os.environ.get("MINARI_DATASETS_PATH") or str(Path.home() / ".minari" / "datasets")

@@ -36,7 +36,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
                 "--schemes",
                 help="trainer schemes (teamtr naive joint joint_indep happo stale_indep) "
                 "and controls (naive_bigB: naive with n× the batch)",
-            ),  # fmt: skip
+            ),
             Opt("experiment.seeds", "--seeds"),
             Opt("experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
             Opt("experiment.trainer.batch_size", "--batch-size"),

@@ -96,9 +96,13 @@ def _finetune(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         p.add_argument_group("team"),
         root,
-        [*team_options("team"), Opt("team.workers", "--workers"), Opt("team.reward", "--reward"),
-         Opt("team.eval_tasks", "--eval-tasks")],
-    )  # fmt: skip
+        [
+            *team_options("team"),
+            Opt("team.workers", "--workers"),
+            Opt("team.reward", "--reward"),
+            Opt("team.eval_tasks", "--eval-tasks"),
+        ],
+    )
     add_options(
         p.add_argument_group("model and sampling"),
         root,
@@ -155,14 +159,22 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
         epilog=epilog,
     )
     chain = AlignChainConfig()
-    add_options(q.add_argument_group("team"), chain, [Opt("n_agents", "--n"), "vocab_size", Opt("swap.agent", "--agent"),
-                                                     "train_stages"])  # fmt: skip
+    add_options(
+        q.add_argument_group("team"),
+        chain,
+        [Opt("n_agents", "--n"), "vocab_size", Opt("swap.agent", "--agent"), "train_stages"],
+    )
     add_options(
         q.add_argument_group("newcomer"),
         chain,
-        [Opt("swap.newcomer", "--newcomer"), Opt("swap.newcomer_seed", "--newcomer-seed"),
-         Opt("swap.train_params", "--train-params"), "newcomer_hidden_size", "newcomer_layers"],
-    )  # fmt: skip
+        [
+            Opt("swap.newcomer", "--newcomer"),
+            Opt("swap.newcomer_seed", "--newcomer-seed"),
+            Opt("swap.train_params", "--train-params"),
+            "newcomer_hidden_size",
+            "newcomer_layers",
+        ],
+    )
     add_options(q.add_argument_group("baselines"), chain, [Opt("compare", "--compare"), "compare_seeds"])
     _align_options(q, chain)
 
@@ -177,9 +189,13 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         q.add_argument_group("team (the incumbent's)"),
         llm,
-        [*team_options("team"), Opt("swap.worker", "--worker"), Opt("team.frozen_workers", "--frozen-workers"),
-         Opt("team.eval_tasks", "--eval-tasks")],
-    )  # fmt: skip
+        [
+            *team_options("team"),
+            Opt("swap.worker", "--worker"),
+            Opt("team.frozen_workers", "--frozen-workers"),
+            Opt("team.eval_tasks", "--eval-tasks"),
+        ],
+    )
     add_options(
         q.add_argument_group("incumbent"),
         llm,
@@ -188,10 +204,15 @@ def _align(p: argparse.ArgumentParser, epilog: str) -> None:
     add_options(
         q.add_argument_group("newcomer"),
         llm,
-        [Opt("swap.newcomer", "--newcomer", required=True), Opt("swap.newcomer_seed", "--newcomer-seed"),
-         Opt("swap.newcomer_adapter", "--newcomer-adapter", metavar="DIR"), Opt("swap.train_params", "--train-params"),
-         "newcomer_hidden_size", "newcomer_layers"],
-    )  # fmt: skip
+        [
+            Opt("swap.newcomer", "--newcomer", required=True),
+            Opt("swap.newcomer_seed", "--newcomer-seed"),
+            Opt("swap.newcomer_adapter", "--newcomer-adapter", metavar="DIR"),
+            Opt("swap.train_params", "--train-params"),
+            "newcomer_hidden_size",
+            "newcomer_layers",
+        ],
+    )
     add_options(
         q.add_argument_group("models and sampling"),
         llm,
@@ -228,17 +249,27 @@ def _align_options(q: argparse.ArgumentParser, root: Any) -> None:
     add_options(
         q.add_argument_group("alignment (Stage 0)"),
         root,
-        [Opt("align.delta_0", "--delta0"), Opt("align.lr", "--lr"), Opt("align.max_steps", "--max-steps"),
-         Opt("align.batch_size", "--batch-size"), Opt("align.num_train_probes", "--probes"),
-         Opt("align.num_heldout_probes", "--heldout-probes"), Opt("align.check_every", "--check-every"),
-         Opt("align.divergence", "--divergence")],
-    )  # fmt: skip
+        [
+            Opt("align.delta_0", "--delta0"),
+            Opt("align.lr", "--lr"),
+            Opt("align.max_steps", "--max-steps"),
+            Opt("align.batch_size", "--batch-size"),
+            Opt("align.num_train_probes", "--probes"),
+            Opt("align.num_heldout_probes", "--heldout-probes"),
+            Opt("align.check_every", "--check-every"),
+            Opt("align.divergence", "--divergence"),
+        ],
+    )
     add_options(
         q,
         root,
-        ["out", Opt("plot", "--no-plot", help="do not draw kl_curve.png"), Opt("seed", also=("align.seed",)),
-         Opt("progress", "--quiet", help="no progress output")],
-    )  # fmt: skip
+        [
+            "out",
+            Opt("plot", "--no-plot", help="do not draw kl_curve.png"),
+            Opt("seed", also=("align.seed",)),
+            Opt("progress", "--quiet", help="no progress output"),
+        ],
+    )
 
 
 def finetune_config(a: argparse.Namespace) -> Any:

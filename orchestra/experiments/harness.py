@@ -178,6 +178,18 @@ def pval(v: float) -> str:
 
 
 __all__ = [
-    "FULL_VOLUME", "ExperimentResult", "RowLog", "Sections", "Tables", "cell", "episode_stage",
-    "finish", "join_sections", "maybe_float", "pval", "read_rows", "stderr_say", "write_rows",
-]  # fmt: skip
+    "FULL_VOLUME",
+    "ExperimentResult",
+    "RowLog",
+    "Sections",
+    "Tables",
+    "cell",
+    "episode_stage",
+    "finish",
+    "join_sections",
+    "maybe_float",
+    "pval",
+    "read_rows",
+    "stderr_say",
+    "write_rows",
+]

@@ -255,11 +255,20 @@ def compare_divergences(
             cfg_k = dataclasses.replace(align_cfg, divergence=div, seed=derive_seed(align_cfg.seed, k, bits=31))
             r = chain_swap_shock(team, seed_swap, cfg_k, newcomer=build_chain_newcomer(team.cfg, seed_swap))
             rows.append(
-                dict(seed=k, divergence=div, j_before=r.j_before, j_direct=r.j_direct, j_aligned=r.j_aligned,
-                     recovered=r.recovered_fraction, steps=r.align.steps, stopped=r.align.stopped,
-                     heldout_reverse_kl=r.align.kl_heldout_after,
-                     heldout_forward_kl=r.align.history[-1]["kl/heldout_forward"], seconds=r.align.seconds)
-            )  # fmt: skip
+                dict(
+                    seed=k,
+                    divergence=div,
+                    j_before=r.j_before,
+                    j_direct=r.j_direct,
+                    j_aligned=r.j_aligned,
+                    recovered=r.recovered_fraction,
+                    steps=r.align.steps,
+                    stopped=r.align.stopped,
+                    heldout_reverse_kl=r.align.kl_heldout_after,
+                    heldout_forward_kl=r.align.history[-1]["kl/heldout_forward"],
+                    seconds=r.align.seconds,
+                )
+            )
             say(
                 f"compare seed {k} {div}: J direct {r.j_direct:.3f} → aligned {r.j_aligned:.3f} in {r.align.steps} steps"
             )

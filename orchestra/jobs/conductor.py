@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from policies.dataset import ConductorDataset, DatasetFilter
-from policies.distill import DistillConfig, DistillResult
-from policies.offline import FQEConfig, OfflineConfig, TrainResult
+from policies.learning.dataset import ConductorDataset, DatasetFilter
+from policies.learning.distill import DistillConfig, DistillResult
+from policies.learning.offline import FQEConfig, OfflineConfig, TrainResult
 
 
 def team_encoder(team: str) -> tuple[Any, Any]:
@@ -69,7 +69,7 @@ class BuiltDataset:
 
 def build_dataset(cfg: DatasetBuildConfig) -> BuiltDataset:
     """Trajectory files → an offline dataset of conductor decisions, written to ``cfg.out``."""
-    from policies.dataset import build_dataset as encode_episodes
+    from policies.learning.dataset import build_dataset as encode_episodes
 
     weights = parse_weights(cfg.weights)
     team, enc = team_encoder(cfg.team)
@@ -119,7 +119,7 @@ class TrainedConductor:
 
 def train_conductor(cfg: TrainConfig, progress: bool = True) -> TrainedConductor:
     """An offline conductor trained on ``cfg.dataset`` into ``cfg.out`` (``cfg.resume`` continues a killed run)."""
-    from policies.offline import train_offline
+    from policies.learning.offline import train_offline
 
     ds = ConductorDataset.load(cfg.dataset)
     if cfg.team:
@@ -146,8 +146,8 @@ class OPEConfig:
 
 def ope_job(cfg: OPEConfig) -> dict[str, Any]:
     """The FQE estimate (and the logged behaviour's return) as a JSON-able dict, also written to ``cfg.out``."""
-    from policies.learned import load_conductor
-    from policies.offline import fqe_evaluate
+    from policies.learning.learned import load_conductor
+    from policies.learning.offline import fqe_evaluate
 
     team, enc = team_encoder(cfg.team)
     ds = ConductorDataset.load(cfg.dataset)
@@ -192,7 +192,7 @@ class DistillJob:
 
 def distill_job(cfg: DistillJob) -> DistillResult:
     from orchestra.runtime.conductors import conductor_factory
-    from policies.distill import distill, labels_from_conductor
+    from policies.learning.distill import distill, labels_from_conductor
 
     if (cfg.checkpoint is None) == (cfg.conductor is None):
         raise ValueError(

@@ -3,9 +3,9 @@ confused with ``orchestra finetune``, which fine-tunes the workers with TeamTR: 
 
 One job = one team on one task family: load the team and its workers (as recording does), wrap them in
 :class:`orchestra.runtime.conductor_gym.ConductorGymEnv` with :class:`SafetyRails`, optionally warm-start, and
-run :func:`policies.online.train_ppo`. The run directory holds ``config.json`` (this job's resolved
+run :func:`policies.learning.online.train_ppo`. The run directory holds ``config.json`` (this job's resolved
 config and the team file), ``ppo_config.json``, ``metrics.jsonl``/``metrics.csv``, ``summary.json`` and
-``checkpoint/`` (``model.zip`` + ``conductor.json``, loadable by ``policies.learned.load_conductor``).
+``checkpoint/`` (``model.zip`` + ``conductor.json``, loadable by ``policies.learning.learned.load_conductor``).
 
 Warm start (``warm_start``), by what the string names:
 
@@ -34,10 +34,10 @@ from orchestra.runtime.conductors import conductor_factory
 from orchestra.runtime.session import Session
 from policies import RULE_BASED
 from policies.base import ConductorPolicy, action_id
-from policies.checkpoint import META_FILE, ConductorMeta, team_layout
-from policies.dataset import ConductorDataset
-from policies.learned import load_conductor
-from policies.online import CHECKPOINT_DIR, PPOConfig, train_ppo
+from policies.learning.checkpoint import META_FILE, ConductorMeta, team_layout
+from policies.learning.dataset import ConductorDataset
+from policies.learning.learned import load_conductor
+from policies.learning.online import CHECKPOINT_DIR, PPOConfig, train_ppo
 from trajectories.rundir import provenance, write_config
 
 

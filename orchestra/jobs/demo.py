@@ -52,8 +52,14 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
 
 def _robustness(cfg: DemoConfig, out: Path, say: Callable[[str], None]) -> None:
     p1 = cfg.phase1
-    ev = EvaluateConfig(teams=tuple(p1.teams), conductors=cfg.robustness_conductors, episodes=p1.eval_episodes,
-                        split="test", perturb=cfg.robustness, run=p1.run)  # fmt: skip
+    ev = EvaluateConfig(
+        teams=tuple(p1.teams),
+        conductors=cfg.robustness_conductors,
+        episodes=p1.eval_episodes,
+        split="test",
+        perturb=cfg.robustness,
+        run=p1.run,
+    )
     paths = evaluate(ev, out / "robustness").paths
     say("\n# Robustness (demo scale): the same test tasks under perturbed communication\n")
     say(paths["robustness_md"].read_text(encoding="utf-8").split("\n\n", 2)[-1].rstrip())

@@ -45,9 +45,9 @@ from orchestra.report.benchmark import FQERow, HeadroomRow
 from orchestra.report.evaluation import ResultRow, summarize
 from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
-from policies.dataset import ConductorDataset, FeatureSet, build_dataset
-from policies.distill import DistillConfig, distill
-from policies.offline import (
+from policies.learning.dataset import ConductorDataset, FeatureSet, build_dataset
+from policies.learning.distill import DistillConfig, distill
+from policies.learning.offline import (
     ALGO_FILE,
     MODEL_FILE,
     FQEConfig,
@@ -232,8 +232,13 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     md = out / "summary.md"
     md.write_text("\n".join(summary) + "\n", encoding="utf-8")
     report_dir = out / "report"
-    paths = {**tables.paths, "summary": md, "fqe": out / "fqe.csv", "ledger": test.ledger,
-             "headroom": report_dir / "headroom.csv"}  # fmt: skip
+    paths = {
+        **tables.paths,
+        "summary": md,
+        "fqe": out / "fqe.csv",
+        "ledger": test.ledger,
+        "headroom": report_dir / "headroom.csv",
+    }
     print()
     print("\n".join(summary))
     print(f"\nfinished in {elapsed:.0f} s; summary: {md}")
@@ -271,8 +276,9 @@ def validate_menu(run: _Run) -> _Validation:
     cfg, out = run.cfg, run.out
     val = _Validation({}, {})
     for name in run.sessions:
-        eps = run.play(name, run.menus[name], "validation", cfg.validation_episodes,
-                       out / "validation" / name / "menu.jsonl")  # fmt: skip
+        eps = run.play(
+            name, run.menus[name], "validation", cfg.validation_episodes, out / "validation" / name / "menu.jsonl"
+        )
         val.episodes[name] = eps
         val.best_fixed[name] = best_of(summarize(eps), run.menus[name]).conductor
         print(f"  {name}: best fixed schedule on validation: {val.best_fixed[name]}")
@@ -341,8 +347,15 @@ def fqe_check(run: _Run, val: _Validation, learned: _Learned) -> tuple[list[FQER
         s0, m0 = initial_states(firsts, learned.encoders[name])
         for pol, folder in val.policies[name]:
             fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed)
-            estimate = fqe_estimate(out / "fqe" / name / f"{pol}.json", folder, run.sessions[name].team.env,
-                                    learned.encoders[name], learned.datasets[name], fcfg, (s0, m0))  # fmt: skip
+            estimate = fqe_estimate(
+                out / "fqe" / name / f"{pol}.json",
+                folder,
+                run.sessions[name].team.env,
+                learned.encoders[name],
+                learned.datasets[name],
+                fcfg,
+                (s0, m0),
+            )
             m = vrows[pol]
             fqe_rows.append(FQERow(name, pol, estimate, m.mean_return, m.return_ci_low, m.return_ci_high))
         mine = [f for f in fqe_rows if f.team == name]
@@ -364,8 +377,15 @@ def evaluate_on_test(run: _Run, val: _Validation, learned: _Learned) -> _Test:
         team_file = session.team.path.read_bytes()
         menu_path = out / "test" / name / "menu.jsonl"
         n_test = min(cfg.eval_episodes, cfg.test_caps.get(name, cfg.eval_episodes))
-        ledger_entry(ledger, {"team": name, "conductors": [*run.menus[name], "random"], "tasks": n_test,
-                              "team_file_sha256": hashlib.sha256(team_file).hexdigest()})  # fmt: skip
+        ledger_entry(
+            ledger,
+            {
+                "team": name,
+                "conductors": [*run.menus[name], "random"],
+                "tasks": n_test,
+                "team_file_sha256": hashlib.sha256(team_file).hexdigest(),
+            },
+        )
         test.episodes += run.play(name, [*run.menus[name], "random"], "test", n_test, menu_path)
         test.learners[name] = {}
         for algo, label in val.released[name].items():
@@ -378,8 +398,16 @@ def evaluate_on_test(run: _Run, val: _Validation, learned: _Learned) -> _Test:
                 lab = f"{algo}-s{seed}"
                 path = out / "test" / name / f"{lab}.jsonl"
                 drop_stale_evaluation(path, folder)
-                ledger_entry(ledger, {"team": name, "conductor": lab, "config": label, "tasks": n_test,
-                                      "model_sha256": model_digest(folder)})  # fmt: skip
+                ledger_entry(
+                    ledger,
+                    {
+                        "team": name,
+                        "conductor": lab,
+                        "config": label,
+                        "tasks": n_test,
+                        "model_sha256": model_digest(folder),
+                    },
+                )
                 test.episodes += run.play(name, [f"{lab}:{folder}"], "test", n_test, path)
                 test.learners[name][algo].append(lab)
     return test
@@ -395,8 +423,15 @@ def distil_released(run: _Run, val: _Validation, learned: _Learned) -> dict[str,
         for algo, label in val.released[name].items():
             c = learned.trained[(name, label)]
             labels = c.predict(ds.observations, ds.masks)
-            res_d = distill(labels, ds.observations, ds.masks, ds.feature_names, ds.action_labels,
-                            DistillConfig(max_depth=cfg.distill_depth, seed=cfg.run.seed), episode_index=ds.episode_index)  # fmt: skip
+            res_d = distill(
+                labels,
+                ds.observations,
+                ds.masks,
+                ds.feature_names,
+                ds.action_labels,
+                DistillConfig(max_depth=cfg.distill_depth, seed=cfg.run.seed),
+                episode_index=ds.episode_index,
+            )
             res_d.save(run.out / "distill" / name / algo)
             rules[f"{name}/{algo}"] = (
                 f"fidelity {res_d.fidelity_heldout:.3f} on held-out states "

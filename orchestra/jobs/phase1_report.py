@@ -68,8 +68,7 @@ def report_tables(
         by = _by_task(eps)
         menu = [m for m in menus[name] if m in by]
         tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
-        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens))
-                        for t in tasks} for m in menu}  # fmt: skip
+        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens)) for t in tasks} for m in menu}
         oracle = stats.oracle_router(outcomes)
         o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
         o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
@@ -87,9 +86,25 @@ def report_tables(
             cap = [stats.captured_fraction(s, bf.success_rate, o_succ) for s in succ]
             sm, ss = stats.mean_sd(succ)
             cm, cs = stats.mean_sd(cap)
-            head_rows.append(HeadroomRow(name, len(tasks), bf.conductor, bf.success_rate, bt.conductor, bt.success_rate,
-                                         o_succ, stats.headroom(o_succ, bf.success_rate), f"{algo} ({released[name][algo]})",
-                                         sm, ss, cm, cs, len(labs), o_cost))  # fmt: skip
+            head_rows.append(
+                HeadroomRow(
+                    name,
+                    len(tasks),
+                    bf.conductor,
+                    bf.success_rate,
+                    bt.conductor,
+                    bt.success_rate,
+                    o_succ,
+                    stats.headroom(o_succ, bf.success_rate),
+                    f"{algo} ({released[name][algo]})",
+                    sm,
+                    ss,
+                    cm,
+                    cs,
+                    len(labs),
+                    o_cost,
+                )
+            )
             panels[fam_of[name]].append(
                 (algo, float(np.mean([team_rows[lab].mean_tokens for lab in labs])), sm, "learned")
             )
@@ -106,8 +121,10 @@ def report_tables(
                     f"{stats.tasks_for_noninferiority(max(disc, 0.05))} |"
                 )
         hard = [t for t in tasks if not any(by[m][t].success for m in ("tool_only", "single_shot") if m in by)]
-        subset_lines.append(f"| {name} | oracle | {len(hard)} | "
-                            f"{100 * float(np.mean([oracle[t].success for t in hard])) if hard else float('nan'):.1f}% |")  # fmt: skip
+        subset_lines.append(
+            f"| {name} | oracle | {len(hard)} | "
+            f"{100 * float(np.mean([oracle[t].success for t in hard])) if hard else float('nan'):.1f}% |"
+        )
         names = [*menu, *(lab for labs in learners[name].values() for lab in labs)]
         subset_lines.append(subset_table_md(name, names, by, hard))
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")

@@ -19,7 +19,7 @@ from orchestra.runtime.player import EnginePlan, EpisodePlayer
 from orchestra.runtime.players import Players
 from orchestra.runtime.rollout import EpisodeJob, RolloutStats, episode_metrics, plan_jobs
 from orchestra.runtime.session import RunOptions, Session
-from policies.exploration import exploring_name
+from policies.conductors.exploration import exploring_name
 from trajectories import Episode, TrajectoryWriter
 from trajectories.rundir import MetricsWriter, provenance, write_config
 

@@ -121,21 +121,32 @@ def _view(e: Episode, labels: dict[tuple[str, int], list[str]]) -> dict[str, Any
         names = labels[key]
         entry = transcript[st.t] if st.t < len(transcript) else {}
         msg = st.message
-        steps.append({
-            "t": st.t + 1, "label": st.action.label, "legal": [names[a] for a, bit in enumerate(st.action_mask) if bit],
-            "reward": st.reward.scalar, "message": msg.text if msg is not None else None,
-            "worker": msg.worker if msg is not None else "", "tokens": msg.completion_tokens if msg is not None else 0,
-            "verdict": msg.verdict if msg is not None else None,
-            "tool": bool(msg is not None and msg.model_id.startswith("tool")),
-            "perturbed": entry.get("perturbed") if entry.get("worker") == st.action.worker else None,
-        })  # fmt: skip
+        steps.append(
+            {
+                "t": st.t + 1,
+                "label": st.action.label,
+                "legal": [names[a] for a, bit in enumerate(st.action_mask) if bit],
+                "reward": st.reward.scalar,
+                "message": msg.text if msg is not None else None,
+                "worker": msg.worker if msg is not None else "",
+                "tokens": msg.completion_tokens if msg is not None else 0,
+                "verdict": msg.verdict if msg is not None else None,
+                "tool": bool(msg is not None and msg.model_id.startswith("tool")),
+                "perturbed": entry.get("perturbed") if entry.get("worker") == st.action.worker else None,
+            }
+        )
     outcome = "error" if e.error is not None else "success" if e.success else "failure"
     return {
-        "family": e.task.family, "conductor": conductor, "task": e.task.id, "outcome": outcome,
-        "css": {"success": "ok", "failure": "fail", "error": "err"}[outcome], "return_": e.return_,
-        "tokens": sum(int(v) for v in (e.usage.get("tokens") or {}).values()), "steps": steps,
+        "family": e.task.family,
+        "conductor": conductor,
+        "task": e.task.id,
+        "outcome": outcome,
+        "css": {"success": "ok", "failure": "fail", "error": "err"}[outcome],
+        "return_": e.return_,
+        "tokens": sum(int(v) for v in (e.usage.get("tokens") or {}).values()),
+        "steps": steps,
         "reason": e.metadata.get("verdict_reason", ""),
-    }  # fmt: skip
+    }
 
 
 def write_html_report(run_dir: str | Path, out: str | Path | None = None, max_episodes: int = 400) -> Path:
@@ -158,9 +169,15 @@ def write_html_report(run_dir: str | Path, out: str | Path | None = None, max_ep
         loader=jinja2.PackageLoader("orchestra.report", "templates"), autoescape=True, undefined=jinja2.StrictUndefined
     )
     html = env.get_template("report.html.j2").render(
-        title=f"orchestra run report: {run.name}", run_dir=str(run), tables=tables, plots=plots, episodes=shown,
-        facets=facets, n_episodes=len(shown), n_left_out=max(0, len(episodes) - len(shown)),
-    )  # fmt: skip
+        title=f"orchestra run report: {run.name}",
+        run_dir=str(run),
+        tables=tables,
+        plots=plots,
+        episodes=shown,
+        facets=facets,
+        n_episodes=len(shown),
+        n_left_out=max(0, len(episodes) - len(shown)),
+    )
     target = Path(out) if out is not None else run / "report.html"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(html, encoding="utf-8")

@@ -57,8 +57,23 @@ def robustness_rows(clean: Sequence[Episode], perturbed: Mapping[str, Sequence[E
             q = np.array([p[1] for p in pairs])
             ps = stats.paired_success(q, c)
             mc = stats.mcnemar_exact(q, c)
-            rows.append(RobustnessRow(team, conductor, spec, len(pairs), float(c.mean()), float(q.mean()), ps.diff,
-                                      ps.lo, ps.hi, mc.wins, mc.losses, mc.p, math.nan))  # fmt: skip
+            rows.append(
+                RobustnessRow(
+                    team,
+                    conductor,
+                    spec,
+                    len(pairs),
+                    float(c.mean()),
+                    float(q.mean()),
+                    ps.diff,
+                    ps.lo,
+                    ps.hi,
+                    mc.wins,
+                    mc.losses,
+                    mc.p,
+                    math.nan,
+                )
+            )
     adjusted = stats.holm([r.p_mcnemar for r in rows])
     return [RobustnessRow(**{**asdict(r), "p_holm": p}) for r, p in zip(rows, adjusted, strict=True)]
 
@@ -110,8 +125,11 @@ def plot_robustness(rows: Sequence[RobustnessRow], path: Path) -> None:
 def write_robustness(rows: Sequence[RobustnessRow], out: Path) -> dict[str, Path]:
     """``robustness.md``, ``robustness.csv`` and ``robustness.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"robustness_md": out / "robustness.md", "robustness_csv": out / "robustness.csv",
-             "robustness_png": out / "robustness.png"}  # fmt: skip
+    paths = {
+        "robustness_md": out / "robustness.md",
+        "robustness_csv": out / "robustness.csv",
+        "robustness_png": out / "robustness.png",
+    }
     head = "# Robustness: success under perturbed communication\n\n" + (__doc__ or "").split("\n\n")[1] + "\n\n"
     paths["robustness_md"].write_text(head + robustness_table_md(rows) + "\n", encoding="utf-8")
     with paths["robustness_csv"].open("w", newline="") as f:

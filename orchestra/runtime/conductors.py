@@ -81,7 +81,7 @@ def conductor_factory(
     label, checkpoint = split_spec(name)
     if checkpoint is not None:
         from envs.observation import ObservationEncoder
-        from policies.learned import load_conductor
+        from policies.learning.learned import load_conductor
 
         learned = load_conductor(checkpoint, cfg, ObservationEncoder(cfg), name=label)
         return lambda: learned  # learned conductors are stateless between decisions

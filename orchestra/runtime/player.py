@@ -18,7 +18,7 @@ from orchestra.runtime.conductors import conductor_factory, split_spec
 from orchestra.runtime.rollout import EpisodeJob, RolloutEngine, RolloutStats
 from orchestra.runtime.session import RunOptions, Session
 from policies.base import ConductorPolicy
-from policies.exploration import EpsilonGreedyConductor
+from policies.conductors.exploration import EpsilonGreedyConductor
 from trajectories import Episode, TrajectoryWriter
 
 

@@ -407,8 +407,9 @@ class LLMTeam:
         ids, attn, pos = self._left_padded(list(first), agent)
         cache = DynamicCache(config=getattr(model, "config", None))
         cache_arg = self.backend_of(agent)._cache_arg
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
-                    **{cache_arg: cache})  # fmt: skip
+        out = model(
+            input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1, **{cache_arg: cache}
+        )
         expand = torch.tensor(row_of, dtype=torch.long, device=self.device)
         head = out.logits[:, -1, :][expand]  # (N, V): predicts each turn's first sampled id
         cache.batch_select_indices(expand)
@@ -427,8 +428,9 @@ class LLMTeam:
             c_ids, c_attn = c_ids.to(self.device), c_attn.to(self.device)
             full_attn = torch.cat([attn[expand], c_attn], dim=-1)
             c_pos = pos[expand][:, -1:] + 1 + torch.arange(rest, device=self.device)
-            out2 = model(input_ids=c_ids, attention_mask=full_attn, position_ids=c_pos, use_cache=True,
-                         **{cache_arg: cache})  # fmt: skip
+            out2 = model(
+                input_ids=c_ids, attention_mask=full_attn, position_ids=c_pos, use_cache=True, **{cache_arg: cache}
+            )
             cont = out2.logits.float() / self.cfg.temperature  # (N, rest, V): column j predicts token j + 1
         vocab = first_logits.shape[-1]
         rows = []

@@ -160,9 +160,15 @@ def team_loss(
     for i in agents:
         if cfg.trust_region == "penalty":
             kl_i = token_kl(
-                team, i, mb, mb_in.old_logprobs[i], mb_in.old_logits.get(i), kl_estimator, logp=logps[i],
+                team,
+                i,
+                mb,
+                mb_in.old_logprobs[i],
+                mb_in.old_logits.get(i),
+                kl_estimator,
+                logp=logps[i],
                 direction=cfg.kl_direction,
-            )  # D̂_i^tok, differentiable  # fmt: skip
+            )  # D̂_i^tok, differentiable
             loss = loss + kl_coefs[i] * kl_i
         if cfg.ref_kl_coef > 0:
             # samples from π_θ (≈ π_cur): k3(logp=ref, logq=θ) estimates KL(π_θ‖π_ref) (docs/algorithms.md §4.3)
@@ -305,9 +311,17 @@ def update_agents(
                 continue
             for i in list(active):
                 kl, tries, outcome, final_logp[i] = backtrack(
-                    team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), befores[i], kl_kept[i],
-                    deltas[i], cfg, estimator,
-                )  # fmt: skip
+                    team,
+                    i,
+                    batch,
+                    inputs.old_logprobs[i],
+                    inputs.old_logits.get(i),
+                    befores[i],
+                    kl_kept[i],
+                    deltas[i],
+                    cfg,
+                    estimator,
+                )
                 kl_kept[i], status[i] = kl, outcome
                 backtracks[i] += tries
                 if outcome != "full":  # early stop: the budget binds
@@ -324,9 +338,18 @@ def update_agents(
             new = team.logprobs(i, batch).detach() if cached is None else cached  # (B, T)
             final_logits = team.logits(i, batch).detach() if team.has_logits else None  # one forward for all below
             kl_trust = float(
-                token_kl(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator, logp=new,
-                         direction=cfg.kl_direction, new_logits=final_logits)
-            )  # the enforced estimate at the kept parameters  # fmt: skip
+                token_kl(
+                    team,
+                    i,
+                    batch,
+                    inputs.old_logprobs[i],
+                    inputs.old_logits.get(i),
+                    estimator,
+                    logp=new,
+                    direction=cfg.kl_direction,
+                    new_logits=final_logits,
+                )
+            )  # the enforced estimate at the kept parameters
             if cfg.trust_region == "penalty":
                 states[i].kl_coef = penalty_update(kl_coefs[i], kl_trust, deltas[i], batch.batch_size, cfg)
             logratios[i] = sequence_logratio(new, inputs.old_logprobs[i], batch.mask[i], reduce=cfg.happo_reduce)

@@ -99,8 +99,17 @@ def paired_tests(picks: dict[str, dict[str, dict[int, float]]], n: int) -> list[
                 if len(d) > 1 and d.std() > 0
                 else math.nan
             )
-            rows_acc.append(dict(accounting=accounting, n=n, vs=other, seeds=len(d), diff_mean=float(d.mean()),
-                                 diff_se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan, p=p))  # fmt: skip
+            rows_acc.append(
+                dict(
+                    accounting=accounting,
+                    n=n,
+                    vs=other,
+                    seeds=len(d),
+                    diff_mean=float(d.mean()),
+                    diff_se=float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else math.nan,
+                    p=p,
+                )
+            )
         finite = [r for r in rows_acc if math.isfinite(r["p"])]
         adjusted = multipletests([r["p"] for r in finite], method="holm")[1] if finite else []
         for r, h in zip(finite, adjusted, strict=True):
@@ -185,12 +194,19 @@ def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[
                 diffs = [got[s]["J"] - picked["teamtr"][s]["J"] for s in got if s in picked.get("teamtr", {})]
                 d_mean, d_sd = _mean_sd(diffs)
                 final.append(
-                    dict(accounting=accounting, n=n, scheme=scheme, seeds=len(got),
-                         stage_mean=_mean_sd([r["stage"] for r in got.values()])[0],
-                         episodes_mean=_mean_sd([r["episodes"] for r in got.values()])[0], J_mean=j_mean, J_sd=j_sd,
-                         diff_vs_teamtr_mean=d_mean,
-                         diff_vs_teamtr_se=d_sd / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan)
-                )  # fmt: skip
+                    dict(
+                        accounting=accounting,
+                        n=n,
+                        scheme=scheme,
+                        seeds=len(got),
+                        stage_mean=_mean_sd([r["stage"] for r in got.values()])[0],
+                        episodes_mean=_mean_sd([r["episodes"] for r in got.values()])[0],
+                        J_mean=j_mean,
+                        J_sd=j_sd,
+                        diff_vs_teamtr_mean=d_mean,
+                        diff_vs_teamtr_se=d_sd / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan,
+                    )
+                )
     for n in cfg.ns:
         for scheme in cfg.schemes:
             curves = [runs[(n, scheme, s)][: cfg.num_stages + 1] for s in seeds if (n, scheme, s) in runs]
@@ -210,8 +226,18 @@ def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[
             b_mean, b_sd = _mean_sd(per_run["drift_b"])
             d_mean, d_sd = _mean_sd(per_run["drift_d"])
             g_mean, g_sd = _mean_sd(per_run["stale_gap"])
-            drift.append(dict(n=n, scheme=scheme, drift_b=b_mean, drift_b_sd=b_sd, drift_d=d_mean, drift_d_sd=d_sd,
-                              stale_gap=g_mean, stale_gap_sd=g_sd))  # fmt: skip
+            drift.append(
+                dict(
+                    n=n,
+                    scheme=scheme,
+                    drift_b=b_mean,
+                    drift_b_sd=b_sd,
+                    drift_d=d_mean,
+                    drift_d_sd=d_sd,
+                    stale_gap=g_mean,
+                    stale_gap_sd=g_sd,
+                )
+            )
     alpha: list[dict[str, Any]] = []
     n_max = max(cfg.ns)
     by = {(r["n"], r["scheme"]): r for r in drift}
@@ -241,8 +267,15 @@ def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[
         tot = {k: sum(r[k] for r in sel) for k in ("agent_updates", "accepted", "bound", "kl_over")}
         ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
         trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
-    tables = {"final": final, "regressions": regressions, "drift": drift, "alpha": alpha, "trust": trust,
-              "certificate": certificate_table(rows, cfg.schemes), "paired": paired_tests(picks, max(cfg.ns))}  # fmt: skip
+    tables = {
+        "final": final,
+        "regressions": regressions,
+        "drift": drift,
+        "alpha": alpha,
+        "trust": trust,
+        "certificate": certificate_table(rows, cfg.schemes),
+        "paired": paired_tests(picks, max(cfg.ns)),
+    }
     tables["checks"] = acceptance_checks(cfg, tables)
     return tables
 
@@ -258,11 +291,19 @@ def acceptance_checks(cfg: ChainExperimentConfig, tables: dict[str, list[dict[st
 
     for r in tables["trust"]:
         acc = r["accepted"]
-        add(f"{r['scheme']}: accepted updates with KL ≤ δ", 1 - r["kl_over"] / acc if acc else None,
-            r["kl_over"] == 0 if acc else None, "= 1")  # fmt: skip
+        add(
+            f"{r['scheme']}: accepted updates with KL ≤ δ",
+            1 - r["kl_over"] / acc if acc else None,
+            r["kl_over"] == 0 if acc else None,
+            "= 1",
+        )
         bound = r["bound"] / r["agent_updates"] if r["agent_updates"] else None
-        add(f"{r['scheme']}: fraction of updates where the trust region bound", bound,
-            bound > 0 if bound is not None else None, "> 0")  # fmt: skip
+        add(
+            f"{r['scheme']}: fraction of updates where the trust region bound",
+            bound,
+            bound > 0 if bound is not None else None,
+            "> 0",
+        )
     alpha = {r["scheme"]: r for r in tables["alpha"]}
     n_max = max(cfg.ns)
     if "teamtr" in alpha and "naive" in alpha:
@@ -278,8 +319,12 @@ def acceptance_checks(cfg: ChainExperimentConfig, tables: dict[str, list[dict[st
         add("α (b) naive", a_n, decide(a_n >= 1.6), "≥ 1.6 (†)")
         add("α (b) teamtr", a_t, decide(a_t <= 1.5), "≤ 1.5 (†)")
         add("α (b) gap naive − teamtr", a_n - a_t, decide(a_n - a_t >= 0.5), "≥ 0.5 (†)")
-        add(f"drift (b) naive / teamtr at n = {n_max}", ratio, decide(ratio >= 2.0) if n_max == 8 else None,
-            "≥ 2 at n = 8 (†)")  # fmt: skip
+        add(
+            f"drift (b) naive / teamtr at n = {n_max}",
+            ratio,
+            decide(ratio >= 2.0) if n_max == 8 else None,
+            "≥ 2 at n = 8 (†)",
+        )
         a_d = alpha["teamtr"]["alpha_d"]
         add("α (d) teamtr (own-step measure)", a_d, decide(0.8 <= a_d <= 1.2), "∈ [0.8, 1.2] (†)")
     final = {(r["n"], r["scheme"]): r for r in tables["final"] if r["accounting"] == "equal_stages"}
@@ -290,12 +335,20 @@ def acceptance_checks(cfg: ChainExperimentConfig, tables: dict[str, list[dict[st
         got = final.get((8, scheme))
         if got is not None:
             d = -got["diff_vs_teamtr_mean"]
-            add(f"n = 8, equal stages: mean J(teamtr) − J({scheme})", d, d >= bar if success_ok else None,
-                f"≥ {bar:g} (δ ≤ 0.03, ≥ 12 seeds)")  # fmt: skip
+            add(
+                f"n = 8, equal stages: mean J(teamtr) − J({scheme})",
+                d,
+                d >= bar if success_ok else None,
+                f"≥ {bar:g} (δ ≤ 0.03, ≥ 12 seeds)",
+            )
     got = final.get((4, "teamtr"))
     if got is not None:
-        add("n = 4, equal stages: mean J(teamtr)", got["J_mean"], got["J_mean"] >= 0.98 if success_ok else None,
-            "≥ 0.98 (≥ 12 seeds)")  # fmt: skip
+        add(
+            "n = 4, equal stages: mean J(teamtr)",
+            got["J_mean"],
+            got["J_mean"] >= 0.98 if success_ok else None,
+            "≥ 0.98 (≥ 12 seeds)",
+        )
     return checks
 
 

@@ -80,10 +80,13 @@ def summary_sections(
                 "",
                 "| vs | seeds | teamtr − it (mean ± SE) | p | p (Holm) |",
                 "|---|---:|---:|---:|---:|",
-                *(f"| {r['vs']} | {r['seeds']} | {cell(r['diff_mean'], 3)} ± {cell(r['diff_se'], 3)} | "
-                  f"{pval(r['p'])} | {pval(r['p_holm'])} |" for r in tests),
+                *(
+                    f"| {r['vs']} | {r['seeds']} | {cell(r['diff_mean'], 3)} ± {cell(r['diff_se'], 3)} | "
+                    f"{pval(r['p'])} | {pval(r['p_holm'])} |"
+                    for r in tests
+                ),
                 "",
-            ]  # fmt: skip
+            ]
         out[f"stages:{accounting}"] = ["Stage read (mean) and cumulative episodes:", ""]
         out[f"stages:{accounting}"] += _pivot(tables["final"], cfg, stage_cell, accounting) + [""]
     lines: list[str] = []

@@ -40,10 +40,23 @@ from trajectories.rundir import CONFIG_FILE, MetricsWriter, check_config, write_
 
 # the columns of runs.csv and how each is read back (a NaN is written empty)
 RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
-    n=int, scheme=str, seed=int, stage=int, J=float, drift_b=maybe_float, drift_d=maybe_float, episodes=int,
-    tokens=int, agent_updates=int, accepted=int, bound=int, kl_over=int, kl_max_ratio=maybe_float,
-    stale_gap=maybe_float, certificate=maybe_float,
-)  # fmt: skip
+    n=int,
+    scheme=str,
+    seed=int,
+    stage=int,
+    J=float,
+    drift_b=maybe_float,
+    drift_d=maybe_float,
+    episodes=int,
+    tokens=int,
+    agent_updates=int,
+    accepted=int,
+    bound=int,
+    kl_over=int,
+    kl_max_ratio=maybe_float,
+    stale_gap=maybe_float,
+    certificate=maybe_float,
+)
 RUN_FIELDS = tuple(RUN_COLUMNS)
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -105,18 +118,44 @@ def run_one(
     train_index = "fresh" if scheme == "teamtr" else "stale"
     nan = math.nan
     rows: list[dict[str, Any]] = [
-        dict(n=n, scheme=scheme, seed=seed, stage=0, J=log.stages[0]["perf/team_success_start"], drift_b=nan,
-             drift_d=nan, episodes=0, tokens=0, agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=nan,
-             stale_gap=nan, certificate=nan)
-    ]  # fmt: skip
+        dict(
+            n=n,
+            scheme=scheme,
+            seed=seed,
+            stage=0,
+            J=log.stages[0]["perf/team_success_start"],
+            drift_b=nan,
+            drift_d=nan,
+            episodes=0,
+            tokens=0,
+            agent_updates=0,
+            accepted=0,
+            bound=0,
+            kl_over=0,
+            kl_max_ratio=nan,
+            stale_gap=nan,
+            certificate=nan,
+        )
+    ]
     for s, st in enumerate(log.stages):
         b, d, gap = rec.drifts(s, train_index)
         trust = trust_counts([u for u in log.updates if int(u["rollout/stage"]) == s], team.adapter_names)
         rows.append(
-            dict(n=n, scheme=scheme, seed=seed, stage=s + 1, J=st["perf/team_success"], drift_b=b, drift_d=d,
-                 episodes=int(st["rollout/episodes"]), tokens=int(st["rollout/tokens"]), **trust, stale_gap=gap,
-                 certificate=st["certificate/proxy"])
-        )  # fmt: skip
+            dict(
+                n=n,
+                scheme=scheme,
+                seed=seed,
+                stage=s + 1,
+                J=st["perf/team_success"],
+                drift_b=b,
+                drift_d=d,
+                episodes=int(st["rollout/episodes"]),
+                tokens=int(st["rollout/tokens"]),
+                **trust,
+                stale_gap=gap,
+                certificate=st["certificate/proxy"],
+            )
+        )
     return rows, rec
 
 

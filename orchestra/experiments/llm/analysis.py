@@ -64,9 +64,19 @@ def paired_row(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     p = float(sps.ttest_1samp(d_task, 0.0).pvalue) if d_task.size > 1 and np.ptp(d_task) > 0 else math.nan
     d_seed = (a - b).mean(axis=1)
     p_seeds = float(sps.ttest_1samp(d_seed, 0.0).pvalue) if d_seed.size > 1 and np.ptp(d_seed) > 0 else math.nan
-    return dict(diff=mean, lo=lo, hi=hi, p=p, tasks=int(d_task.size), seeds=int(d_seed.size),
-                per_seed=" ".join(f"{v:+.3f}" for v in d_seed), p_seeds=p_seeds, mdd=detectable(d_task),
-                won=int((a > b).sum()), lost=int((a < b).sum()))  # fmt: skip
+    return dict(
+        diff=mean,
+        lo=lo,
+        hi=hi,
+        p=p,
+        tasks=int(d_task.size),
+        seeds=int(d_seed.size),
+        per_seed=" ".join(f"{v:+.3f}" for v in d_seed),
+        p_seeds=p_seeds,
+        mdd=detectable(d_task),
+        won=int((a > b).sum()),
+        lost=int((a < b).sum()),
+    )
 
 
 def detectable(d_task: np.ndarray, power: float = 0.8, alpha: float = 0.05) -> float:
@@ -111,9 +121,16 @@ def training_curves(runs_dir: Path, cfg: LLMExperimentConfig) -> list[dict[str, 
                 continue
             with path.open(newline="") as f:
                 for r in csv.DictReader(f):
-                    out.append(dict(scheme=scheme, seed=seed, stage=int(float(r["rollout/stage"])) + 1,
-                                    episodes=int(float(r["rollout/episodes"])), tokens=int(float(r["rollout/tokens"])),
-                                    reward=float(r["rollout/reward_mean"])))  # fmt: skip
+                    out.append(
+                        dict(
+                            scheme=scheme,
+                            seed=seed,
+                            stage=int(float(r["rollout/stage"])) + 1,
+                            episodes=int(float(r["rollout/episodes"])),
+                            tokens=int(float(r["rollout/tokens"])),
+                            reward=float(r["rollout/reward_mean"]),
+                        )
+                    )
     return out
 
 
@@ -140,14 +157,21 @@ def analyse(
             sub = [r for r in rows if r["scheme"] == scheme and r["stage"] == stage and r["task"] == 0]
             per_seed = m["success"].mean(axis=1)
             final.append(
-                dict(accounting=accounting, scheme=scheme, stage=stage, success=float(m["success"].mean()),
-                     success_seed_sd=float(per_seed.std(ddof=1)) if seeds > 1 else math.nan,
-                     ret=float(m["return"].mean()), episodes=float(np.mean([r["episodes"] for r in sub])),
-                     tokens=float(np.mean([r["tokens"] for r in sub])),
-                     train_seconds=float(np.mean([r["train_seconds"] for r in sub])),
-                     eval_tokens=float(np.mean([r["eval_tokens"] for r in rows if r["scheme"] == scheme
-                                                and r["stage"] == stage])))
-            )  # fmt: skip
+                dict(
+                    accounting=accounting,
+                    scheme=scheme,
+                    stage=stage,
+                    success=float(m["success"].mean()),
+                    success_seed_sd=float(per_seed.std(ddof=1)) if seeds > 1 else math.nan,
+                    ret=float(m["return"].mean()),
+                    episodes=float(np.mean([r["episodes"] for r in sub])),
+                    tokens=float(np.mean([r["tokens"] for r in sub])),
+                    train_seconds=float(np.mean([r["train_seconds"] for r in sub])),
+                    eval_tokens=float(
+                        np.mean([r["eval_tokens"] for r in rows if r["scheme"] == scheme and r["stage"] == stage])
+                    ),
+                )
+            )
     vs_frozen: list[dict[str, Any]] = []
     pairwise: list[dict[str, Any]] = []
     for accounting in ACCOUNTINGS:
@@ -171,11 +195,25 @@ def analyse(
     keys = sorted({(r["scheme"], r["seed"], r["stage"]) for r in rows})
     for scheme, seed, stage in keys:
         sub = [r for r in rows if (r["scheme"], r["seed"], r["stage"]) == (scheme, seed, stage)]
-        curves.append(dict(scheme=scheme, seed=seed, stage=stage, episodes=sub[0]["episodes"], tokens=sub[0]["tokens"],
-                           success=float(np.mean([r["success"] for r in sub])),
-                           ret=float(np.mean([r["return"] for r in sub]))))  # fmt: skip
-    return dict(final=final, vs_frozen=vs_frozen, pairwise=pairwise, curves=curves, headroom=headroom(rows),
-                training=training_curves(runs_dir, cfg))  # fmt: skip
+        curves.append(
+            dict(
+                scheme=scheme,
+                seed=seed,
+                stage=stage,
+                episodes=sub[0]["episodes"],
+                tokens=sub[0]["tokens"],
+                success=float(np.mean([r["success"] for r in sub])),
+                ret=float(np.mean([r["return"] for r in sub])),
+            )
+        )
+    return dict(
+        final=final,
+        vs_frozen=vs_frozen,
+        pairwise=pairwise,
+        curves=curves,
+        headroom=headroom(rows),
+        training=training_curves(runs_dir, cfg),
+    )
 
 
 def headroom(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -189,10 +227,14 @@ def headroom(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     solved = {r["task"] for r in rows if r["success"] > 0}
     frozen = [r["success"] for r in rows if r["scheme"] == FROZEN]
     return [
-        dict(teams=len({(r["scheme"], r["seed"], r["stage"]) for r in rows if r["scheme"] != FROZEN}) + 1,
-             tasks=len(tasks), frozen=float(np.mean(frozen)) if frozen else math.nan,
-             oracle=len(solved) / len(tasks), never=1 - len(solved) / len(tasks))
-    ]  # fmt: skip
+        dict(
+            teams=len({(r["scheme"], r["seed"], r["stage"]) for r in rows if r["scheme"] != FROZEN}) + 1,
+            tasks=len(tasks),
+            frozen=float(np.mean(frozen)) if frozen else math.nan,
+            oracle=len(solved) / len(tasks),
+            never=1 - len(solved) / len(tasks),
+        )
+    ]
 
 
 def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -143,10 +143,13 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
         )
     for accounting in ACCOUNTINGS:
         row = next(
-            (r for r in tables["vs_frozen"] if r["accounting"] == accounting and r["scheme"] == "teamtr"
-             and r["measure"] == "success"),
+            (
+                r
+                for r in tables["vs_frozen"]
+                if r["accounting"] == accounting and r["scheme"] == "teamtr" and r["measure"] == "success"
+            ),
             None,
-        )  # fmt: skip
+        )
         if row is None:
             continue
         text = _acc_text(cfg, accounting)
@@ -170,10 +173,14 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
             )
     for accounting in ACCOUNTINGS:  # the other schemes against the frozen team
         gains = [
-            r for r in tables["vs_frozen"]
-            if r["accounting"] == accounting and r["measure"] == "success" and r["scheme"] != "teamtr"
-            and r["p_holm"] < 0.05 and r["lo"] > 0
-        ]  # fmt: skip
+            r
+            for r in tables["vs_frozen"]
+            if r["accounting"] == accounting
+            and r["measure"] == "success"
+            and r["scheme"] != "teamtr"
+            and r["p_holm"] < 0.05
+            and r["lo"] > 0
+        ]
         if gains:
             listed = "; ".join(
                 f"{r['scheme']} {_pct(r['diff'])} points [{_pct(r['lo'])}, {_pct(r['hi'])}] (Holm p "
@@ -193,9 +200,10 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
         )
     for accounting in ACCOUNTINGS:
         sig = [
-            r for r in tables["pairwise"]
+            r
+            for r in tables["pairwise"]
             if r["accounting"] == accounting and r["measure"] == "success" and r["p_holm"] < 0.05
-        ]  # fmt: skip
+        ]
         text = _acc_text(cfg, accounting)
         if sig:
             pairs = "; ".join(
@@ -210,10 +218,15 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
         if {r["scheme"], r["vs"]} <= FULL_VOLUME:  # sampled alike at every stage: read by the freshness control
             continue
         same = next(
-            (c for c in tables["pairwise"] if c["accounting"] == "equal_updates" and c["measure"] == "success"
-             and (c["scheme"], c["vs"]) == (r["scheme"], r["vs"])),
+            (
+                c
+                for c in tables["pairwise"]
+                if c["accounting"] == "equal_updates"
+                and c["measure"] == "success"
+                and (c["scheme"], c["vs"]) == (r["scheme"], r["vs"])
+            ),
             None,
-        )  # fmt: skip
+        )
         if same is None:
             continue
         kept = (
@@ -245,10 +258,15 @@ def _freshness_control(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str
     lines: list[str] = []
     for accounting, stage in (("equal_stages", cfg.num_stages), ("equal_updates", cfg.long_stages)):
         row = next(
-            (r for r in tables["pairwise"] if r["accounting"] == accounting and r["measure"] == "success"
-             and {r["scheme"], r["vs"]} == {"teamtr", "stale_indep"}),
+            (
+                r
+                for r in tables["pairwise"]
+                if r["accounting"] == accounting
+                and r["measure"] == "success"
+                and {r["scheme"], r["vs"]} == {"teamtr", "stale_indep"}
+            ),
             None,
-        )  # fmt: skip
+        )
         if row is None:
             continue
         sign = 1.0 if row["scheme"] == "teamtr" else -1.0  # teamtr − stale_indep, whatever order the table holds
@@ -262,8 +280,14 @@ def _freshness_control(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str
             )
         else:
             reading = "fresh sampling does better than the stale batches over tasks"
-        seeds = _seed_text({**row, "per_seed": " ".join(f"{sign * float(v):g}" for v in str(row["per_seed"]).split()),
-                            "scheme": "teamtr", "vs": "stale_indep"})  # fmt: skip
+        seeds = _seed_text(
+            {
+                **row,
+                "per_seed": " ".join(f"{sign * float(v):g}" for v in str(row["per_seed"]).split()),
+                "scheme": "teamtr",
+                "vs": "stale_indep",
+            }
+        )
         lines.append(
             f"- Freshness control after {stage} stages, teamtr − stale_indep (the same episodes and updates per "
             "worker, each worker with a batch of its own; only the sampler differs: the team as updated by the "
@@ -358,8 +382,13 @@ def plot(
         train = [r for r in tables["training"] if r["scheme"] == scheme]
         if train:
             eps = sorted({r["episodes"] for r in train})
-            axes[1].plot(eps, [float(np.mean([r["reward"] for r in train if r["episodes"] == e])) for e in eps],
-                         label=scheme, color=line.get_color(), alpha=0.8)  # fmt: skip
+            axes[1].plot(
+                eps,
+                [float(np.mean([r["reward"] for r in train if r["episodes"] == e])) for e in eps],
+                label=scheme,
+                color=line.get_color(),
+                alpha=0.8,
+            )
     axes[0].set_xlabel("sampled episodes")
     axes[0].set_ylabel("held-out success")
     axes[0].legend(fontsize=8)

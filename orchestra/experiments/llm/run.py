@@ -32,9 +32,18 @@ from trajectories.rundir import CONFIG_FILE, check_config, read_config, write_co
 
 # the columns of evals.csv (one row per evaluation and held-out task) and how each is read back
 EVAL_COLUMNS: dict[str, Callable[[str], Any]] = {
-    "scheme": str, "seed": int, "stage": int, "episodes": int, "tokens": int, "train_seconds": float, "task": int,
-    "difficulty": int, "success": float, "return": float, "eval_tokens": int,
-}  # fmt: skip
+    "scheme": str,
+    "seed": int,
+    "stage": int,
+    "episodes": int,
+    "tokens": int,
+    "train_seconds": float,
+    "task": int,
+    "difficulty": int,
+    "success": float,
+    "return": float,
+    "eval_tokens": int,
+}
 EVAL_FIELDS = tuple(EVAL_COLUMNS)
 
 Evaluation = tuple[str, int, int]  # (scheme, seed, stage)
@@ -87,8 +96,13 @@ def evaluate(team: Any, tasks: Sequence[Any], cfg: LLMExperimentConfig) -> list[
     for ep in team.eval_engine.run(jobs):
         i = order[ep.episode_id]
         tokens = sum(int(v) for w, v in (ep.usage.get("tokens") or {}).items() if w in cfg.team.workers)
-        rows[i] = dict(task=i, difficulty=int(tasks[i].difficulty or 0), success=float(ep.success),
-                       **{"return": float(ep.return_)}, eval_tokens=tokens)  # fmt: skip
+        rows[i] = dict(
+            task=i,
+            difficulty=int(tasks[i].difficulty or 0),
+            success=float(ep.success),
+            **{"return": float(ep.return_)},
+            eval_tokens=tokens,
+        )
     return rows
 
 
@@ -148,8 +162,14 @@ def run_llm_experiment(
 
     def record(scheme: str, seed: int, stage: int, played: list[dict[str, Any]], log: Any) -> None:
         st = log.stages[stage - 1] if stage else {}
-        extra = dict(scheme=scheme, seed=seed, stage=stage, episodes=int(st.get("rollout/episodes", 0)),
-                     tokens=int(st.get("rollout/tokens", 0)), train_seconds=float(st.get("perf/wall_seconds", 0.0)))  # fmt: skip
+        extra = dict(
+            scheme=scheme,
+            seed=seed,
+            stage=stage,
+            episodes=int(st.get("rollout/episodes", 0)),
+            tokens=int(st.get("rollout/tokens", 0)),
+            train_seconds=float(st.get("perf/wall_seconds", 0.0)),
+        )
         evals.add((scheme, seed, stage), [{**extra, **r} for r in played])
         mean = sum(r["success"] for r in played) / len(played)
         talk(f"llm {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
@@ -198,6 +218,12 @@ def run_llm_experiment(
 
 
 __all__ = [
-    "EVAL_COLUMNS", "EVAL_FIELDS", "FROZEN", "complete_evaluations", "evaluate", "expected_evaluations", "held_out_tasks",
+    "EVAL_COLUMNS",
+    "EVAL_FIELDS",
+    "FROZEN",
+    "complete_evaluations",
+    "evaluate",
+    "expected_evaluations",
+    "held_out_tasks",
     "run_llm_experiment",
-]  # fmt: skip
+]

@@ -158,7 +158,7 @@ def masked_argmax(proba: np.ndarray, classes: np.ndarray, masks: np.ndarray) -> 
     """Best legal action per row: ``proba`` (B, C) over the tree's ``classes`` (C,) is scattered into
     the full action space (B, A), masked actions get −inf, argmax. Ties go to the lower action id,
     like ``predict``'s argmax over sorted classes, so an unmasked top class is always kept."""
-    from policies.offline import masked_argmax as masked_argmax_scores
+    from policies.learning.offline import masked_argmax as masked_argmax_scores
 
     masks = np.atleast_2d(np.asarray(masks))  # (B, A)
     full = np.zeros(masks.shape, dtype=np.float64)  # (B, A)

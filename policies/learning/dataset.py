@@ -31,7 +31,7 @@ import numpy as np
 
 from envs.config import REWARD_COMPONENTS, TeamEnvConfig
 from envs.observation import ObservationEncoder
-from policies.checkpoint import LayoutError, check_same_embedder, check_same_layout, team_layout
+from policies.learning.checkpoint import LayoutError, check_same_embedder, check_same_layout, team_layout
 from trajectories import Episode, read_trajectories
 from trajectories.rundir import atomic_path
 
@@ -311,8 +311,16 @@ class ConductorDataset:
         """sha256 of the arrays a learner trains on (observations, actions, rewards, ends, masks): a run that
         reuses a trained model checks with it that the dataset is the one the model was trained on."""
         h = hashlib.sha256()
-        for a in (self.observations, self.actions, self.rewards, self.terminals, self.timeouts, self.masks,
-                  self.episode_index, self.final_observations):  # fmt: skip
+        for a in (
+            self.observations,
+            self.actions,
+            self.rewards,
+            self.terminals,
+            self.timeouts,
+            self.masks,
+            self.episode_index,
+            self.final_observations,
+        ):
             h.update(np.ascontiguousarray(a).tobytes())
         return h.hexdigest()
 

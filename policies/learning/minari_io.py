@@ -1,4 +1,4 @@
-"""A :class:`~policies.dataset.ConductorDataset` as a Minari dataset (Farama's standard for offline-RL data).
+"""A :class:`~policies.learning.dataset.ConductorDataset` as a Minari dataset (Farama's standard for offline-RL data).
 
 Minari stores one entry per episode with ``len + 1`` observations (the reset one through the last), ``len``
 actions, rewards, terminations and truncations. Our rows map onto it one to one:
@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.dataset import ConductorDataset, DatasetError
+from policies.learning.dataset import ConductorDataset, DatasetError
 
 MINARI_FORMAT = "orchestra-minari/1"
 _ID = re.compile(r"^([A-Za-z0-9_.]+/)?([A-Za-z0-9_.]+/)?[A-Za-z0-9_.]+(-v\d+)?$")

@@ -1,6 +1,6 @@
 """Offline conductor learning with d3rlpy: DiscreteBC, filtered BC, DQN, DoubleDQN, DiscreteBCQ, DiscreteCQL, and
 off-policy evaluation with DiscreteFQE. The algorithms are d3rlpy's own; this module builds them from
-a typed config, trains them on a :class:`~policies.dataset.ConductorDataset`, and wraps the result as
+a typed config, trains them on a :class:`~policies.learning.dataset.ConductorDataset`, and wraps the result as
 a conductor that respects the action mask.
 
 Masking. d3rlpy's discrete algorithms know nothing of action masks. At decision time
@@ -37,10 +37,10 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
-from policies import train_state
 from policies.base import PolicyError
-from policies.checkpoint import ConductorMeta, open_checkpoint
-from policies.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
+from policies.learning import train_state
+from policies.learning.checkpoint import ConductorMeta, open_checkpoint
+from policies.learning.dataset import ConductorDataset, DatasetFilter, FeatureSet, Truncation, feature_columns
 from trajectories.rundir import CONFIG_FILE, MetricsWriter, atomic_path, check_config, same_config, write_config
 
 D3RLPY_ALGOS = ("bc", "fbc", "dqn", "ddqn", "bcq", "cql")
@@ -287,7 +287,7 @@ def train_offline(
     write ``metrics.csv`` / ``metrics.jsonl`` (losses and dataset agreement per epoch; with ``tensorboard`` also
     event files in ``tensorboard/metrics/``) and ``config.json``. Repeats exactly on CPU for a given ``cfg.seed``.
 
-    Every epoch also leaves the full training state in ``out_dir/resume/`` (:mod:`policies.train_state`);
+    Every epoch also leaves the full training state in ``out_dir/resume/`` (:mod:`policies.learning.train_state`);
     ``resume=True`` continues a killed run from its last finished epoch, bit-identical to an uninterrupted run
     (the same config and dataset are required; with no saved state it starts from scratch). ``resume="if_same"``
     resumes (or, when every epoch is done, reuses) a run of the same config and dataset digest and trains from

@@ -1,6 +1,6 @@
 """Any learned conductor from its checkpoint folder: the algorithm its ``conductor.json`` names picks the loader
-(:class:`~policies.offline.OfflineConductor` for d3rlpy's, :class:`~policies.online.PPOConductor` for MaskablePPO).
-It stands above both: each of them, and the dataset, reads and checks checkpoints through :mod:`policies.checkpoint`."""
+(:class:`~policies.learning.offline.OfflineConductor` for d3rlpy's, :class:`~policies.learning.online.PPOConductor` for MaskablePPO).
+It stands above both: each of them, and the dataset, reads and checks checkpoints through :mod:`policies.learning.checkpoint`."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import ConductorPolicy, PolicyError
-from policies.checkpoint import META_FILE, ConductorMeta
-from policies.offline import D3RLPY_ALGOS, OfflineConductor
-from policies.online import PPOConductor
+from policies.learning.checkpoint import META_FILE, ConductorMeta
+from policies.learning.offline import D3RLPY_ALGOS, OfflineConductor
+from policies.learning.online import PPOConductor
 
 
 def load_conductor(
@@ -24,7 +24,7 @@ def load_conductor(
     extra: Mapping[str, Any] | None = None,
 ) -> ConductorPolicy:
     """Load any learned conductor checkpoint (d3rlpy or MaskablePPO) for this team and encoder (the loader of its
-    algorithm checks the layout: :func:`~policies.checkpoint.open_checkpoint`)."""
+    algorithm checks the layout: :func:`~policies.learning.checkpoint.open_checkpoint`)."""
     folder = Path(path)
     meta = ConductorMeta.load(folder)
     if meta.algo == "ppo":

@@ -29,7 +29,7 @@ import torch
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
 from policies.base import PolicyError
-from policies.checkpoint import ConductorMeta, open_checkpoint
+from policies.learning.checkpoint import ConductorMeta, open_checkpoint
 from trajectories.rundir import MetricsWriter, write_config
 
 CHECKPOINT_DIR = "checkpoint"
@@ -63,7 +63,7 @@ class PPOConfig:
 
 
 class DecisionData(Protocol):
-    """Logged conductor decisions (a :class:`policies.dataset.ConductorDataset` is one)."""
+    """Logged conductor decisions (a :class:`policies.learning.dataset.ConductorDataset` is one)."""
 
     observations: np.ndarray  # (N, D) float32
     actions: np.ndarray  # (N,) int64
@@ -177,9 +177,17 @@ def _episode_collector() -> Any:
 # the entries stable-baselines3 cloudpickles into a saved model's `data`, and what each is rebuilt from instead; the
 # last four are rollout state, dropped (None): a resumed run resets its env and starts fresh episode buffers
 _SB3_SERIALIZED = (
-    "policy_class", "observation_space", "action_space", "rollout_buffer_class", "clip_range", "lr_schedule",
-    "_last_obs", "_last_episode_starts", "ep_info_buffer", "ep_success_buffer",
-)  # fmt: skip
+    "policy_class",
+    "observation_space",
+    "action_space",
+    "rollout_buffer_class",
+    "clip_range",
+    "lr_schedule",
+    "_last_obs",
+    "_last_episode_starts",
+    "ep_info_buffer",
+    "ep_success_buffer",
+)
 
 
 def load_ppo(path: Path, observation_size: int, num_actions: int, ppo: Mapping[str, Any], env: Any = None) -> Any:
