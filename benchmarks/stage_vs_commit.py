@@ -1,4 +1,4 @@
-"""One stage of the README's CPU ``orchestra finetune`` command, at an earlier commit and at this checkout, back to back.
+"""One stage of the CPU ``orchestra finetune`` command of docs/finetuning.md, at an earlier commit and at this checkout, back to back.
 
     python benchmarks/stage_vs_commit.py [--commit 91da808] [--seed 0] [--out runs/stage-vs-commit] [--repeats 1]
 

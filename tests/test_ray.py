@@ -44,13 +44,13 @@ def comparable(e: Episode) -> dict[str, Any]:
 
 
 def test_record_on_an_existing_cluster(tmp_path: Path) -> None:
-    """The README's multi-node launch on one node: ``ray start --head``, then ``record --ray-address``. First in the
+    """The multi-node launch of docs/recording.md on one node: ``ray start --head``, then ``record --ray-address``. First in the
     module: its ``ray stop`` must not meet the in-process cluster of the tests below."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    # Ray's token authentication on both ends, as the README's launch says: the token generated first (a fresh machine
+    # Ray's token authentication on both ends, as the launch in docs/recording.md says: the token generated first (a fresh machine
     # has none, and `ray start` with token auth refuses to start without one), under a home of the test's own
     home = tmp_path / "home"
     home.mkdir()

@@ -16,7 +16,7 @@ block each other nor the writer, so several rollout workers (threads or processe
 A cache travels as xz-compressed JSONL shards (:func:`export_responses`, :func:`import_responses`; ``orchestra cache
 export | import``): one stored reply per line, exactly as stored, so importing a shard makes a fresh clone replay
 those requests as the machine that exported them generated them. ``docs/results/responses/`` holds the shards of
-the README's phase-1 run.
+the phase-1 run of docs/results/conductor-summary.md.
 """
 
 from __future__ import annotations

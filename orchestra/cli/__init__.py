@@ -26,7 +26,9 @@ from typing import NoReturn
 from orchestra.cli import conductor, data, demo, doctor, experiment, teamtr
 from orchestra.cli.options import Command, ConfigError
 
-EPILOG = "Every command that samples, trains or evaluates takes --seed; runs repeat exactly on CPU. Docs: README.md."
+EPILOG = (
+    "Every command that samples, trains or evaluates takes --seed; runs repeat exactly on CPU. Docs: docs/index.md."
+)
 
 
 class Parser(argparse.ArgumentParser):

@@ -147,7 +147,7 @@ def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
     from orchestra.jobs.phase1 import ReproduceConfig
 
     rsub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-    q = rsub.add_parser("conductor", help="phase 1 at full scale: the table the README quotes")
+    q = rsub.add_parser("conductor", help="phase 1 at full scale: the tables of docs/results/conductor-summary.md")
     add_options(
         q,
         ReproduceConfig(),

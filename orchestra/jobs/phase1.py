@@ -16,7 +16,7 @@
    against the best fixed schedule, the LLM-required subset, the cost–quality plane, FQE selection,
    distilled rules, and the power of the test at this sample size.
 
-``orchestra demo`` runs it at demo scale; ``orchestra reproduce conductor`` at the scale the README
+``orchestra demo`` runs it at demo scale; ``orchestra reproduce conductor`` at the scale docs/results/conductor-summary.md
 quotes. Every stage writes into one run directory and a rerun continues where a killed one stopped
 (recordings and evaluations resume; a learner whose config and dataset digest are unchanged is reused, as is an
 FQE estimate whose model, dataset, config and initial states are; a learned conductor whose weights changed is
@@ -97,7 +97,7 @@ class Phase1Config:
 
     @classmethod
     def reproduce(cls) -> Phase1Config:
-        """The full-scale phase-1 run whose tables the README quotes (``orchestra reproduce conductor``)."""
+        """The full-scale phase-1 run whose tables docs/results/conductor-summary.md quotes (``orchestra reproduce conductor``)."""
         return cls(
             teams=["arithmetic", "logic_grid", "code_synthesis"],
             algos=["bc", "fbc", "dqn", "ddqn", "bcq", "cql"],
@@ -537,7 +537,7 @@ def initial_states(eps: Sequence[Episode], encoder: ObservationEncoder) -> tuple
 
 @dataclass(frozen=True)
 class ReproduceConfig:
-    """``orchestra reproduce conductor``: phase 1 at the scale the README's Results section quotes."""
+    """``orchestra reproduce conductor``: phase 1 at the scale docs/results/conductor-summary.md quotes."""
 
     phase1: Phase1Config = field(default_factory=Phase1Config.reproduce)  # the full-scale run
     out: str = "runs/reproduce-conductor"  # run directory (a rerun continues it)

@@ -11,7 +11,7 @@ driver loses at most the chunks in flight and never writes an episode twice.
 Equality with the single-process run: an episode depends only on its job (task, episode seed) and on what its
 workers reply, so the set of episodes is the single-process run's wherever the replies are the same for the same
 request: tools, scripted workers, the response cache, llama.cpp's serial path (``--serial``), greedy HTTP servers.
-llama.cpp's batched path rounds a turn differently in another batch composition (README, "Batched decoding"), and a
+llama.cpp's batched path rounds a turn differently in another batch composition (docs/recording.md, "Batched decoding"), and a
 different chunking is a different composition.
 
 CPU threads: each actor reserves ``actor_cpus`` of Ray's CPUs and runs its native libraries on that many threads

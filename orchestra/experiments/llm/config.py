@@ -42,7 +42,7 @@ LLM_EXPERIMENT_TEAM = LLMTeamConfig(
 )
 # its trainer: 16 episodes per batch (4 tasks × G = 4), one epoch, a LoRA learning rate of 3·10⁻⁴ whose steps the trust
 # region (δ = 0.005 per token) shortens when they move a worker too far; π_cur's log-probs are the sampler's. Chosen
-# on the validation split (README, Results → Phase 2 on a real LLM team): lr 10⁻³ with δ = 0.02 at temperature 1
+# on the validation split (docs/results/finetune-summary.md): lr 10⁻³ with δ = 0.02 at temperature 1
 # collapsed the sampled success to 0 within three stages; lr 10⁻⁴ with δ = 0.002 at 0.7 did not move it.
 LLM_EXPERIMENT_TRAINER = TeamTRConfig(
     num_stages=6, batch_size=16, num_epochs=1, num_minibatches=1, lr=3e-4, delta=0.005, old_logprobs="behaviour"
