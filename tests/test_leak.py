@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from envs.tasks.base import Task, ToolResult
-from envs.tasks.registry import BENCHMARK_FAMILIES, get_family
+from envs.tasks.registry import PROTOCOL_FAMILIES, get_family
 from orchestra.backends.base import Completion, GenerationRequest, Usage
 from orchestra.backends.tools import ToolBackend
 from orchestra.runtime.conductors import conductor_factory
@@ -136,7 +136,7 @@ def _play(team: TeamSpec, tasks: list[Task], script: Mapping[str, tuple[str, str
     return engine.run(plan_jobs(tasks, 0, "leak")), tools.outputs
 
 
-@pytest.mark.parametrize("family_name", BENCHMARK_FAMILIES)
+@pytest.mark.parametrize("family_name", PROTOCOL_FAMILIES)
 def test_perturbing_hidden_fields_changes_no_observation_state_or_tool_output(family_name: str) -> None:
     team = _team(family_name)
     family = get_family(team.family)
@@ -158,7 +158,7 @@ def test_perturbing_hidden_fields_changes_no_observation_state_or_tool_output(fa
         assert "PERTURBED" not in str(b.metadata["final_state"])
 
 
-@pytest.mark.parametrize("family_name", BENCHMARK_FAMILIES)
+@pytest.mark.parametrize("family_name", PROTOCOL_FAMILIES)
 def test_tools_get_the_public_view_only(family_name: str) -> None:
     family = get_family(family_name)
     task = family.generate("test", 1, seed=0)[0]
@@ -181,7 +181,7 @@ class NoLLM:
         raise AssertionError("a tool-only schedule called an LLM worker")
 
 
-@pytest.mark.parametrize("family_name", BENCHMARK_FAMILIES)
+@pytest.mark.parametrize("family_name", PROTOCOL_FAMILIES)
 def test_tool_only_conductor_solves_no_held_out_task(family_name: str) -> None:
     team = _team(family_name)
     family = get_family(team.family)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from orchestra.jobs.phase1 import Phase1Config, ledger_entry
-from orchestra.report.benchmark import HeadroomRow, not_shown
 from orchestra.report.evaluation import PairedRow
+from orchestra.report.protocol import HeadroomRow, not_shown
 
 
 def test_the_test_ledger_records_each_released_configuration_once(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@
   (check-and-revise), so it fixes wrong arithmetic but never a wrong calculation.
 * ``"expression"`` — ``What is 37 * 12 + 5?`` (``word_fraction < 1``). The calculator does not read
   the prompt either, but a worker that copies the expression lets it finish the job: these items
-  measure copying, so the default benchmark leaves them out.
+  measure copying, so the default protocol leaves them out.
 
 Difficulty: 1 = one operation on numbers ≤ 20 / one-step problems; 2 = two operations with a
 multiplication, numbers ≤ 50 / one multiplicative step or two additive steps; 3 = three operations

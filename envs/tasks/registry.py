@@ -17,8 +17,8 @@ from envs.tasks.code_synthesis import CodeSynthesisFamily
 from envs.tasks.logic_grid import LogicGridFamily
 from envs.tasks.user_data import UserDataFamily, check_item, tools_of
 
-# the families of the phase-1 benchmark: tools only check what workers wrote, levels calibrated to SmolLM2
-BENCHMARK_FAMILIES = ("arithmetic", "blocksworld", "logic_grid", "code_synthesis")
+# the families of the phase-1 protocol: tools only check what workers wrote, levels calibrated to SmolLM2
+PROTOCOL_FAMILIES = ("arithmetic", "blocksworld", "logic_grid", "code_synthesis")
 USER_DATA_SOURCES = ("user_data", "jsonl")  # "jsonl": tasks stored before user data took other formats
 
 FAMILIES: dict[str, Callable[..., TaskFamily]] = {

@@ -1,4 +1,4 @@
-"""Phase 1 end to end, as a benchmark protocol (docs/benchmark.md).
+"""Phase 1 end to end, as an evaluation protocol (docs/protocol.md).
 
 1. **Record** training data on the *train* split: every rule of each team's menu (its team file's
    rules, ``orchestra.runtime.conductors.team_rules``) plus ``random``, and two rules with ε-exploration.
@@ -41,8 +41,8 @@ from envs.observation import ObservationEncoder
 from orchestra.jobs.phase1_report import best_of, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
-from orchestra.report.benchmark import FQERow, HeadroomRow
 from orchestra.report.evaluation import ResultRow, summarize
+from orchestra.report.protocol import FQERow, HeadroomRow
 from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
 from policies.learning.dataset import ConductorDataset, FeatureSet, build_dataset

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from orchestra.report import stats
-from orchestra.report.benchmark import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
 from orchestra.report.evaluation import (
     PAIRED_LEGEND,
     PairedRow,
@@ -25,6 +24,7 @@ from orchestra.report.evaluation import (
     write_report,
 )
 from orchestra.report.plots import plot_cost_quality
+from orchestra.report.protocol import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
 from trajectories import Episode
 from trajectories.rundir import write_table
 

@@ -46,7 +46,7 @@ def conductor_type(team: TeamSpec, name: str) -> str:
 
 def team_rules(team: TeamSpec) -> list[str]:
     """The deterministic rules of a team: the built-in ones it configures and every named rule, in file
-    order. This is the menu of fixed schedules the phase-1 benchmark chooses from and routes over."""
+    order. This is the menu of fixed schedules the phase-1 protocol chooses from and routes over."""
     out = []
     for name in team.conductors:
         if name in CONDUCTOR_NAMES and name not in RULE_TYPES:

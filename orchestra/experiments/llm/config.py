@@ -65,7 +65,7 @@ class LLMExperimentConfig:
     # held-out tasks of every evaluation (the same tasks and episode seeds every time): all 133 distinct one-step word
     # problems of the test split. The issue asks for 200; mixing in level 2 would give them, but the frozen team then
     # solves 12.5% of 80 validation tasks (level 1: 16.7% of 36, level 2: 9.1% of 44), below the 20-60% band the
-    # comparison needs, and widening level 1 would change the phase-1 benchmark's tasks
+    # comparison needs, and widening level 1 would change the phase-1 protocol's tasks
     eval_tasks: int = 133
     eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once
     eval_every: int = 0  # stages between extra held-out evaluations (learning curves); 0 = the accountings' only

@@ -1,4 +1,4 @@
-"""The phase-1 benchmark's own tables (``orchestra.jobs.phase1``): headroom over the menu, FQE as a
+"""The phase-1 protocol's own tables (``orchestra.jobs.phase1``): headroom over the menu, FQE as a
 model-selection tool, the LLM-required subset, and the caveats printed under them."""
 
 from __future__ import annotations
