@@ -33,7 +33,14 @@ from orchestra.backends import (
     resolve_model,
     smollm2_gguf_path,
 )
-from orchestra.backends.sampling import choose_token_np, first_stop, log_softmax_np
+from orchestra.backends.sampling import (
+    choose_token_np,
+    choose_tokens_torch,
+    first_stop,
+    log_softmax_np,
+    stop_candidates,
+    uniforms,
+)
 
 
 def chat(text: str, **params: Any) -> GenerationRequest:
@@ -111,6 +118,44 @@ def test_choose_token_rule() -> None:
     draws = [choose_token_np(z, p, np.random.default_rng(5)) for _ in range(2)]
     assert draws[0] == draws[1]
     assert draws[0][1] == pytest.approx(log_softmax_np(z / 0.7)[draws[0][0]])
+
+
+def test_device_rule_draws_what_the_numpy_rule_draws() -> None:
+    """The transformers sampler's batched rule on the device consumes a request's seed as the numpy rule does (one
+    uniform per sampled token), so both draw the same tokens with the same log-probs, nucleus rows included."""
+    import torch
+
+    rs = np.random.default_rng(1)
+    rows = [(0.0, 1.0), (1.0, 1.0), (0.7, 1.0), (1.3, 0.9), (0.5, 0.5), (1.0, 1e-6)]
+    steps, vocab = 40, 300
+    us = np.stack([uniforms([3, r], steps) for r in range(len(rows))])
+    rngs = [np.random.default_rng([3, r]) for r in range(len(rows))]
+    temps = torch.tensor([t for t, _ in rows], dtype=torch.float32)
+    top_p = torch.tensor([q for _, q in rows], dtype=torch.float64)
+    drawn = set()
+    for t in range(steps):
+        z = (rs.standard_normal((len(rows), vocab)) * 3).astype(np.float32)
+        tok, lp = choose_tokens_torch(torch.from_numpy(z), temps, top_p, torch.from_numpy(us[:, t]))
+        for r, (temp, q) in enumerate(rows):
+            want_tok, want_lp = choose_token_np(z[r], GenerationParams(temperature=temp, top_p=q), rngs[r])
+            assert int(tok[r]) == want_tok
+            # greedy rows: float32 log-softmax on the device, float64 in numpy
+            assert float(lp[r]) == pytest.approx(want_lp, abs=1e-6 if temp == 0 else 1e-12)
+            drawn.add(int(tok[r]))
+    assert len(drawn) > steps  # the sampled rows really sample
+    with pytest.raises(AssertionError):  # and a different seed's uniforms draw other tokens
+        z = (rs.standard_normal((1, vocab))).astype(np.float32)
+        a = [int(choose_tokens_torch(torch.from_numpy(z), temps[1:2], None, torch.tensor([x]))[0]) for x in (0.1, 0.9)]
+        assert a[0] == a[1]
+
+
+def test_stop_table_flags_the_tokens_that_can_end_a_stop_string() -> None:
+    pieces = ["a", "b\n", "\n", "x", "\ufffd", "END"]
+    assert stop_candidates(pieces, ["\n\n"], exact_pieces=True).tolist() == [False, True, True, False, True, False]
+    assert stop_candidates(pieces, ["EN", ""], exact_pieces=True).tolist() == [False] * 4 + [True, True]
+    assert stop_candidates(pieces, [], exact_pieces=True).tolist() == [False] * 6
+    # a decoder that hides leading spaces: a stop string ending in whitespace is checked at every token
+    assert stop_candidates(pieces, ["\n"], exact_pieces=False).all()
 
 
 # ---------------------------------------------------------------------------------------- llama.cpp
@@ -195,6 +240,60 @@ def test_hf_rows_keep_their_own_params(hf: Any) -> None:
     assert batched[0].finish_reason == "stop" and batched[0].text == full.text[: full.text.index(stop)]
     assert batched[1].finish_reason == "length" and len(batched[1].token_ids) == 3
     assert all(lp <= 0.0 for lp in batched[2].logprobs)
+
+
+@pytest.mark.slow
+def test_hf_stop_checks_on_ids_end_where_the_text_search_ends(hf: Any) -> None:
+    """The stop table only skips the text search on tokens that cannot complete a stop string: over random token
+    sequences rich in newlines, backticks and multi-byte characters, a row ends at the first token whose decoded
+    prefix holds a stop string, exactly as searching the text after every token does."""
+    tok = hf.tokenizer
+    stops = ("\n\n", "\n```\n\n", "é!", "Question:")
+    table = hf._stop_table(stops)
+    pool = sorted(
+        {
+            v
+            for text in ("\n", "\n\n", " ```", "```\n", "é", "!", " Question", ":", "Question:", " é", "日本")
+            for v in tok(text, add_special_tokens=False)["input_ids"]
+        }
+        | set(range(300, 340))
+    )
+    rs = np.random.default_rng(0)
+    found = 0
+    for _ in range(400):
+        seq = [int(v) for v in rs.choice(pool, size=24)]
+        naive = next(
+            (t for t in range(1, 25) if first_stop(tok.decode(seq[:t], skip_special_tokens=True), stops) is not None),
+            None,
+        )
+        flagged = [t for t in range(1, 25) if table[seq[t - 1]]]
+        fast = next(
+            (t for t in flagged if first_stop(tok.decode(seq[:t], skip_special_tokens=True), stops) is not None), None
+        )
+        assert fast == naive, (seq, naive, fast)
+        found += naive is not None
+    assert found > 50  # the sequences do hit stop strings
+    assert 0 < table.mean() < 0.2  # and most tokens skip the search
+
+
+@pytest.mark.slow
+def test_hf_sampled_ids_and_logprobs_equal_teacher_forced(hf: Any) -> None:
+    """Every sampled id's behaviour log-prob is the model's own for that id given the prompt and the earlier ids:
+    one full forward over prompt + ids (no KV cache) gives the same numbers, greedy and sampled rows alike."""
+    import torch
+
+    reqs = [chat(PROMPTS[3], max_tokens=16, temperature=t, seed=s) for t, s in ((0.0, 0), (1.0, 1), (0.6, 2))]
+    for req, c in zip(reqs, hf.generate(reqs), strict=True):
+        prompt = hf.prompt_ids(req.messages)
+        ids = torch.tensor([prompt + list(c.token_ids)])
+        with torch.inference_mode():
+            z = hf.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+        temp = req.params.temperature or 1.0
+        want = torch.log_softmax(z / temp, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        assert len(c.token_ids) == len(c.logprobs) > 0
+        assert np.allclose(c.logprobs, want.numpy(), atol=2e-3), (c.logprobs, want)
+        if req.params.temperature == 0:
+            assert c.token_ids == tuple(int(v) for v in z.argmax(-1)[: len(c.token_ids)])
 
 
 # ------------------------------------------------------------------------------- tiny model + LoRA

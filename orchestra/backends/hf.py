@@ -15,6 +15,13 @@ Left padding + ``position_ids = cumsum(mask) - 1`` gives every row the positions
 alone (as ``GenerationMixin._prepare_position_ids_for_generation`` does), so a row's output does not
 depend on its batch-mates (up to float rounding, which the tests check on greedy decoding). Finished
 rows are dropped from the batch and the KV cache (``Cache.batch_select_indices``).
+
+As fast as ``model.generate`` (``benchmarks/sampler.py`` measures both in one run): logits and token choice stay on
+the device (``sampling.choose_tokens_torch``: every row at once, each with its own temperature and nucleus, drawing
+the uniforms its request's seed gives, drawn up front, so a seed samples what the numpy rule samples); a step's
+only host read is its sampled ids, from which EOS, ``max_tokens`` and stop strings are decided in the batch (the
+decoded text is searched only after a token that can complete a stop string: ``sampling.stop_candidates``);
+log-probs come back once, at the end.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from orchestra.backends.base import (
     Usage,
 )
 from orchestra.backends.models import resolve_model
-from orchestra.backends.sampling import choose_token_np, first_stop
+from orchestra.backends.sampling import choose_tokens_torch, first_stop, stop_candidates, uniforms
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -140,6 +147,9 @@ class TransformersBackend:
         self.decode_steps: Counter[int] = Counter()
         self.prefill_tokens = 0
         self._lock = threading.RLock()
+        self._pieces: list[str] | None = None  # each vocabulary id decoded alone (stop-string tables), built on demand
+        self._exact_pieces = True
+        self._stop_tables: dict[tuple[str, ...], np.ndarray] = {}
         ids: set[int] = set()
         for src in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
             value = getattr(src, "eos_token_id", None)
@@ -291,49 +301,56 @@ class TransformersBackend:
             expand = torch.tensor(row_of, dtype=torch.long, device=device)
             logits, mask, pos = logits[expand], mask[expand], pos[expand]
             cache.batch_select_indices(expand)  # [n, …]: each request's row of its prompt's prefill
-        rngs = [np.random.default_rng([self.seed, p.seed]) for p in params]
+        # per-row sampling state on the device: temperatures, nucleus masses, the uniforms each row will consume
+        temps = torch.tensor([max(p.temperature, 0.0) for p in params], dtype=torch.float32, device=device)
+        top_p = (
+            torch.tensor([p.top_p for p in params], dtype=torch.float64, device=device)
+            if any(p.temperature > 0 and p.top_p < 1.0 for p in params)
+            else None
+        )
+        horizon = max((p.max_tokens for p in params), default=0)
+        u_host = np.zeros((n, max(horizon, 1)))
+        for i, p in enumerate(params):
+            if p.temperature > 0 and p.max_tokens > 0:
+                u_host[i, : p.max_tokens] = uniforms([self.seed, p.seed], p.max_tokens)
+        u = torch.from_numpy(u_host).to(device)
+        lp_buf = torch.zeros((n, max(horizon, 1)), dtype=torch.float64, device=device)
+        stops = [self._stop_table(p.stop) for p in params]
         toks: list[list[int]] = [[] for _ in range(n)]
-        lps: list[list[float]] = [[] for _ in range(n)]
         finish: list[FinishReason] = ["length"] * n
         texts: list[str | None] = [None] * n
         alive = [i for i in range(n) if params[i].max_tokens > 0]  # original row of each batch row
         for i in range(n):
             if params[i].max_tokens <= 0:
                 texts[i] = "" if self.tokenizer is not None else None
+        rows = torch.tensor(alive, dtype=torch.long, device=device)
         if len(alive) < n:
-            keep = torch.tensor(alive, dtype=torch.long, device=device)
-            logits, mask, pos = logits[keep], mask[keep], pos[keep]
-            cache.batch_select_indices(keep)
+            logits, mask, pos = logits[rows], mask[rows], pos[rows]
+            cache.batch_select_indices(rows)
+        t = 0
         while alive:
-            greedy = logits.argmax(-1).tolist()
-            logp = torch.log_softmax(logits, -1)  # [b, V], rule for greedy rows (raw logits)
-            step, still = [], []
-            for b, i in enumerate(alive):
-                p = params[i]
-                if p.temperature <= 0.0:
-                    tok, lp = greedy[b], float(logp[b, greedy[b]])
-                else:
-                    tok, lp = choose_token_np(logits[b].cpu().numpy(), p, rngs[i])
-                toks[i].append(tok)
-                lps[i].append(lp)
-                done = self._check_end(i, toks[i], p, finish, texts)
-                step.append(tok)
-                if not done:
-                    still.append(b)
+            tok, lp = choose_tokens_torch(logits, temps[rows], None if top_p is None else top_p[rows], u[rows, t])
+            lp_buf[rows, t] = lp
+            sampled = tok.tolist()  # the step's one host read: ends are decided on the ids, in the batch
+            still = [
+                b
+                for b, (i, v) in enumerate(zip(alive, sampled, strict=True))
+                if not self._ends(i, v, toks[i], params[i], stops[i], finish, texts)
+            ]
+            t += 1
             if not still:
                 break
             if len(still) < len(alive):  # drop finished rows from the batch and the cache
                 keep = torch.tensor(still, dtype=torch.long, device=device)
-                mask, pos = mask[keep], pos[keep]
+                mask, pos, tok, rows = mask[keep], pos[keep], tok[keep], rows[keep]
                 cache.batch_select_indices(keep)
-                step = [step[b] for b in still]
                 alive = [alive[b] for b in still]
-            nxt = torch.tensor(step, dtype=torch.long, device=device)[:, None]
-            mask = torch.cat([mask, torch.ones_like(nxt)], dim=-1)
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             pos = pos[:, -1:] + 1
-            logits = self._forward(nxt, mask, pos, cache)
+            logits = self._forward(tok[:, None], mask, pos, cache)
             self.decode_steps[len(alive)] += 1
-        return [GeneratedIds(tuple(toks[i]), tuple(lps[i]), finish[i], texts[i]) for i in range(n)]
+        lps = lp_buf.cpu().tolist()
+        return [GeneratedIds(tuple(toks[i]), tuple(lps[i][: len(toks[i])]), finish[i], texts[i]) for i in range(n)]
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         kwargs = {self._cache_arg: cache}
@@ -342,16 +359,43 @@ class TransformersBackend:
         )
         return out.logits[:, -1, :].float()
 
-    def _check_end(
-        self, i: int, toks: list[int], p: GenerationParams, finish: list[FinishReason], texts: list[str | None]
+    def _stop_table(self, stop: Sequence[str]) -> np.ndarray | None:
+        """Which token ids can complete one of ``stop`` (None: no stop strings, or no tokenizer to decode them);
+        built once per stop tuple from the vocabulary's pieces (:func:`~orchestra.backends.sampling.stop_candidates`)."""
+        key = tuple(s for s in stop if s)
+        if not key or self.tokenizer is None:
+            return None
+        table = self._stop_tables.get(key)
+        if table is None:
+            if self._pieces is None:
+                tok = self.tokenizer
+                size = max(len(tok), int(getattr(getattr(self.model, "config", None), "vocab_size", 0) or 0))
+                self._pieces = tok.batch_decode([[v] for v in range(size)], skip_special_tokens=True)
+                probe = tok("x y", add_special_tokens=False)["input_ids"]
+                self._exact_pieces = tok.decode(probe[-1:], skip_special_tokens=True).startswith(" ")
+            table = stop_candidates(self._pieces, key, exact_pieces=self._exact_pieces)
+            self._stop_tables[key] = table
+        return table
+
+    def _ends(
+        self,
+        i: int,
+        tok_id: int,
+        toks: list[int],
+        p: GenerationParams,
+        stop_table: np.ndarray | None,
+        finish: list[FinishReason],
+        texts: list[str | None],
     ) -> bool:
-        """Row ``i`` just sampled ``toks[-1]``: decide whether it ends, and set its text if so."""
+        """Row ``i`` just sampled ``tok_id``: record it, decide whether the row ends, and set its text if so. Stop
+        strings are searched in the decoded text only when the token can complete one (``stop_table``)."""
+        toks.append(tok_id)
         tok = self.tokenizer
-        if toks[-1] in self.eos_ids:  # EOS id kept (it was sampled); text excludes it
+        if tok_id in self.eos_ids:  # EOS id kept (it was sampled); text excludes it
             finish[i] = "stop"
             texts[i] = None if tok is None else tok.decode(toks[:-1], skip_special_tokens=True)
             return True
-        if tok is not None and p.stop:
+        if tok is not None and stop_table is not None and (tok_id >= len(stop_table) or stop_table[tok_id]):
             text = tok.decode(toks, skip_special_tokens=True)
             cut = first_stop(text, p.stop)
             if cut is not None:  # text cut before the stop string; the ids that produced it kept
