@@ -49,6 +49,7 @@ from orchestra.backends.base import (
     GenerationRequest,
     Usage,
 )
+from orchestra.backends.model_cache import from_pretrained
 from orchestra.backends.models import resolve_model
 from orchestra.backends.sampling import choose_tokens_torch, first_stop, stop_candidates, uniforms
 
@@ -109,12 +110,11 @@ class TransformersBackend:
         if dtype not in _DTYPES:
             raise BackendError(f"dtype {dtype!r} not supported; expected one of {sorted(_DTYPES)}")
         source = resolve_model(model)
-        kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
         try:
-            with quiet_loading():
-                tokenizer = AutoTokenizer.from_pretrained(source.folder, **kwargs)
+            with quiet_loading():  # a GGUF loads from its dequantised cache folder (orchestra/backends/model_cache.py)
+                tokenizer = from_pretrained(AutoTokenizer, source)
                 extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-                lm: Any = AutoModelForCausalLM.from_pretrained(source.folder, dtype=_DTYPES[dtype], **kwargs, **extra)
+                lm: Any = from_pretrained(AutoModelForCausalLM, source, dtype=_DTYPES[dtype], **extra)
         except (OSError, ValueError) as e:
             raise BackendError(f"transformers could not load {str(source.path)!r}: {e}") from e
         lm = lm.to(torch.device(device))

