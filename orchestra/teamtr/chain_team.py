@@ -106,6 +106,10 @@ class ChainTrainable:
     def has_logits(self) -> bool:
         return True
 
+    @property
+    def reduced_precision(self) -> bool:
+        return False  # float32 models
+
     def sample(self, batch_size: int, generator: torch.Generator) -> ChainRollout:
         return ChainRollout(sample_rollouts(self.team, batch_size, generator))
 

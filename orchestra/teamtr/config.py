@@ -72,6 +72,11 @@ class TeamTRConfig:
     )
     backtrack_coef: float = 0.8  # line search θ_prev + β^j (θ_step − θ_prev) (HATRPO backtrack_coeff 0.8)
     max_backtracks: int = 10  # line-search steps before the step is reverted (HATRPO ls_step 10)
+    # backtrack mode accepts D̂ ≤ δ + floor, floor = the KL estimate's rounding noise: D̂ of a zero step measured once
+    # per update (trust_region.noise_floor, docs/algorithms.md §2.4); auto = measure iff the team computes below
+    # float32 (TrainableTeam.reduced_precision), measure = always, off = floor 0
+    kl_floor: Literal["auto", "measure", "off"] = "auto"
+    kl_floor_step: float = 1e-5  # σ of that zero step θ_cur + σ·N(0, 1) per parameter (true KL ~1e-9 on SmolLM2)
     kl_penalty_coef: float = 1.0  # penalty mode: initial β_i of loss += β_i · D̂_i
     kl_penalty_tolerance: float = 1.5  # penalty mode: PPO rule, β×factor if D > tol·δ, β/factor if D < δ/tol
     kl_penalty_factor: float = 2.0  # penalty mode: PPO rule multiplier
@@ -107,6 +112,8 @@ class TeamTRConfig:
             raise ValueError(f"keep_checkpoints must be ≥ 1, got {self.keep_checkpoints}")
         if self.batch_size < self.num_minibatches:
             raise ValueError(f"batch_size {self.batch_size} < num_minibatches {self.num_minibatches}")
+        if not self.kl_floor_step > 0.0:
+            raise ValueError(f"kl_floor_step must be > 0, got {self.kl_floor_step}")
         if not 0.0 < self.backtrack_coef < 1.0 or self.max_backtracks < 0:
             raise ValueError("need 0 < backtrack_coef < 1 and max_backtracks ≥ 0")
         if self.stale_gap_batch < 0:

@@ -29,10 +29,18 @@ episode's sum over the row is the agent's sequence log-probability (HAPPO factor
 The policy being trained is the SAMPLING distribution: π_i(y | s) = softmax(z / temperature) — what the backend's
 behaviour log-probs are (``orchestra.backends.sampling``). Logprobs and logits returned here are of z / temperature,
 so behaviour log-probs equal the current ones right after sampling (fp32 CPU: |Δ| ≲ 1e-4, the decode path uses a KV
-cache and another padding, so only rounding differs; bf16: ≲ 5e-2). ``top_p`` < 1 samples from a truncated
-distribution the trainer does not model: its behaviour log-probs then differ (logged as ``behaviour_gap``).
+cache and another padding, so only rounding differs; bf16: mean 1e-2, 4e-2 with ``upcast="none"``). ``top_p`` < 1
+samples from a truncated distribution the trainer does not model: its behaviour log-probs then differ (logged as
+``behaviour_gap``).
 
-With a bfloat16 base, peft keeps the adapters in float32 (``autocast_adapter_dtype``), so Adam updates are not rounded.
+Low precision (docs/algorithms.md §2.4). With a bfloat16 base, peft keeps the adapters in float32
+(``autocast_adapter_dtype``), so Adam updates are not rounded; but every change of an adapter re-rolls the roundings
+of the bf16 forward, so the trust region's k3 KL of a zero step reads 1.8e-3 nats per token on SmolLM2 (CPU, 256
+tokens), and peft's bf16 sum of base and adapter outputs swallows adapter contributions under half an ulp. Hence
+``LLMTeamConfig.upcast`` (default ``residual``): the final norm, the output head (an fp32 copy of the tied one), the
+residual stream and every matmul's output compute in float32, weights and matmuls staying in bf16 — floor 2.7e-4, and
+the model itself is changed, so sampling and training forwards agree. The trust region measures the floor that
+remains once per update and accepts KL ≤ δ + floor (``TeamTRConfig.kl_floor``, :attr:`LLMTeam.reduced_precision`).
 
 GPU configuration (``orchestra/teamtr/configs/smollm2_gpu.yaml``): ``dtype: bfloat16, device: cuda``, 64 episodes per
 batch (8 tasks × G = 8), ``max_tokens: 128``, decode/forward batches of 64/32 rows, 64 held-out evaluation tasks.
@@ -208,6 +216,11 @@ class LLMTeam:
     @property
     def has_logits(self) -> bool:
         return self.cfg.has_logits
+
+    @property
+    def reduced_precision(self) -> bool:
+        """A bfloat16 / float16 base: the trust region measures the KL estimate's rounding floor (module docstring)."""
+        return self.cfg.dtype != "float32"
 
     @property
     def device(self) -> torch.device:

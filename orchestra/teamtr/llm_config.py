@@ -52,6 +52,9 @@ class LLMTeamConfig:
     dtype: str = "float32"  # float32 (CPU) | bfloat16 (GPU) | float16
     device: str = "cpu"  # torch device of the models (cuda on a GPU)
     attn_implementation: str | None = None  # transformers attention kernel (None = its default, sdpa)
+    # below float32, what else computes in float32 (weights and matmuls stay in `dtype`; llm_models.upcast): none |
+    # head (the final norm and the output head) | residual (also the residual stream and every matmul's output)
+    upcast: Literal["none", "head", "residual"] = "residual"
     lora_r: int = 8  # LoRA rank
     lora_alpha: int = 16  # LoRA scale numerator (scale = alpha / r)
     lora_dropout: float = 0.0  # 0 keeps train-mode and sampling log-probs identical
@@ -85,6 +88,8 @@ class LLMTeamConfig:
             raise LLMTeamError(f"workers: name each trainable worker once, got {list(self.workers)}")
         if self.dtype not in DTYPES:
             raise LLMTeamError(f"dtype {self.dtype!r}: expected one of {sorted(DTYPES)}")
+        if self.upcast not in ("none", "head", "residual"):
+            raise LLMTeamError(f"upcast {self.upcast!r}: expected none, head or residual")
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise LLMTeamError(f"need temperature > 0 and 0 < top_p ≤ 1, got {self.temperature}, {self.top_p}")
         if self.credit_episodes < 1:

@@ -56,6 +56,9 @@ class TrainableTeam(Protocol[BatchT]):
     @property
     def has_logits(self) -> bool: ...  # True iff :meth:`logits` works (exact-vocabulary KL)
 
+    @property
+    def reduced_precision(self) -> bool: ...  # log-probs computed below float32: the KL estimate has a rounding floor
+
     def sample(self, batch_size: int, generator: torch.Generator) -> BatchT:
         """``batch_size`` fresh episodes from the team with its CURRENT parameters; randomness only from ``generator``."""
         ...

@@ -70,7 +70,7 @@ from orchestra.teamtr.signals import (
     reference_logprobs,
     surrogate_gain,
 )
-from orchestra.teamtr.trust_region import backtrack, penalty_update, token_kl
+from orchestra.teamtr.trust_region import backtrack, measures_floor, noise_floor, penalty_update, token_kl
 from trajectories.rundir import ConfigMismatchError
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -254,6 +254,13 @@ def update_agents(
         else math.nan  # not measured: the sampler's log-probs are used as π_cur's
         for i in agents
     }
+    # reduced precision: the KL estimate's rounding floor at π_cur, added to δ in the backtracking test (§2.4)
+    floors = {
+        i: noise_floor(team, i, batch, inputs.old_logprobs[i], inputs.old_logits.get(i), estimator, cfg)
+        if measures_floor(team, cfg)
+        else 0.0
+        for i in agents
+    }
 
     optimizers: dict[int, torch.optim.Optimizer] = {}
     for i in agents:
@@ -321,6 +328,7 @@ def update_agents(
                     deltas[i],
                     cfg,
                     estimator,
+                    floor=floors[i],
                 )
                 kl_kept[i], status[i] = kl, outcome
                 backtracks[i] += tries
@@ -366,6 +374,7 @@ def update_agents(
             if i in inputs.old_logits and final_logits is not None:
                 kls["kl_exact"] = float(kl_exact(final_logits, inputs.old_logits[i], batch.mask[i]))
             kls["kl_trust"] = kl_trust
+            kls["kl_floor"] = floors[i]  # the enforced test: kl_trust ≤ delta + kl_floor
             per_agent: Metrics = {
                 "surrogate_gain": surr["losses/surrogate_gain"],
                 "clip_fraction": surr["losses/clip_fraction"],
@@ -398,6 +407,7 @@ def update_agents(
             "kl/k1": _mean("kl_k1"),
             "kl/k3": _mean("kl_k3"),
             "kl/trust": _mean("kl_trust"),
+            "kl/floor": _mean("kl_floor"),
             "trust/backtracks": float(sum(backtracks.values())),
             "trust/accepted": float(all(steps[i] > 0 for i in agents)),
             "trust/optimizer_steps": float(sum(steps.values())),

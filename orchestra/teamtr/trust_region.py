@@ -1,13 +1,14 @@
 """The per-agent trust region of a TeamTR update (docs/algorithms.md §2.3–§2.4): the per-token KL between an agent's
 pre-update policy π_cur and its current one, measured on the update's own batch, and the backtracking line search
-that keeps it ≤ δ. Imports torch only; the update that calls it is :func:`orchestra.teamtr.trainer.update_agents`."""
+that keeps it ≤ δ (plus the estimate's rounding floor in reduced precision: :func:`noise_floor`). Imports torch only;
+the update that calls it is :func:`orchestra.teamtr.trainer.update_agents`."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from orchestra.teamtr.config import KLDirection, KLEstimator, TeamTRConfig
+from orchestra.teamtr.config import KLDirection, KLEstimator, TeamTRConfig, derive_seed
 from orchestra.teamtr.losses import (
     adaptive_kl_coef_lagrangian,
     adaptive_kl_coef_ppo,
@@ -71,6 +72,45 @@ def token_kl(
     return masked_mean(torch.exp(log_r) * log_r, mask)  # k1 of the other direction: E_q[r log r] = KL(p‖q)
 
 
+def measures_floor(team: TrainableTeam[BatchT], cfg: TeamTRConfig) -> bool:
+    """Whether an update measures the KL estimate's rounding floor (``cfg.kl_floor``; backtracking only)."""
+    wanted = cfg.kl_floor == "measure" or (cfg.kl_floor == "auto" and team.reduced_precision)
+    return cfg.trust_region == "backtrack" and wanted
+
+
+def noise_floor(
+    team: TrainableTeam[BatchT],
+    agent: int,
+    batch: BatchT,
+    old_logprobs: Tensor,
+    old_logits: Tensor | None,
+    estimator: KLEstimator,
+    cfg: TeamTRConfig,
+) -> float:
+    """The KL estimate's rounding floor on ``batch`` (docs/algorithms.md §2.4): D̂ at θ_cur + σ·z, z ~ N(0, 1) per
+    trainable parameter (a fixed draw per agent), σ = ``cfg.kl_floor_step``. That zero step's true KL is negligible
+    (~1e-9 nats per token on SmolLM2, measured in float32), but it re-rolls every rounding of a reduced-precision
+    forward, so D̂ there is the noise alone. With noise ε independent of a step's true log-ratio Δ, every estimator is
+    to second order E[Δ²]/2 + E[ε²]/2: the noise adds a floor, and D̂ − floor ≤ δ tests the true KL. The parameters
+    are put back bit for bit."""
+    before = team.state(agent)
+    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, 13, agent))
+    zero_step = {
+        k: v + cfg.kl_floor_step * torch.randn(v.shape, generator=gen, dtype=v.dtype).to(v.device)
+        for k, v in before.items()
+    }
+    try:
+        team.load_state(agent, zero_step)
+        with torch.no_grad():
+            logp = None if estimator == "exact" else team.logprobs(agent, batch).detach()
+            kl = token_kl(
+                team, agent, batch, old_logprobs, old_logits, estimator, logp=logp, direction=cfg.kl_direction
+            )
+    finally:
+        team.load_state(agent, before)
+    return float(kl)
+
+
 def backtrack(
     team: TrainableTeam[BatchT],
     agent: int,
@@ -82,9 +122,12 @@ def backtrack(
     delta: float,
     cfg: TeamTRConfig,
     estimator: KLEstimator,
+    *,
+    floor: float = 0.0,
 ) -> tuple[float, int, str, Tensor | None]:
-    """Enforce D̂ ≤ δ after an optimizer step (docs/algorithms.md §2.4 option 1): keep the step, or line-search
-    θ_prev + β^j (θ_step − θ_prev), j = 1..max_backtracks, or revert to θ_prev.
+    """Enforce D̂ ≤ δ + floor after an optimizer step (docs/algorithms.md §2.4 option 1): keep the step, or
+    line-search θ_prev + β^j (θ_step − θ_prev), j = 1..max_backtracks, or revert to θ_prev. ``floor``: the estimate's
+    rounding noise (:func:`noise_floor`; 0 in float32).
 
     Returns (the KL of the parameters kept, line-search steps tried, ``full`` | ``shortened`` | ``reverted``, the
     batch's log-probs (B, T) at the parameters kept when they were computed on the way (k1 / k3), else None).
@@ -97,14 +140,14 @@ def backtrack(
 
     with torch.no_grad():
         kl, logp = measure()
-        if kl <= delta:
+        if kl <= delta + floor:
             return kl, 0, "full", logp
         step = team.state(agent)
         for j in range(1, cfg.max_backtracks + 1):
             coef = cfg.backtrack_coef**j
             team.load_state(agent, {k: torch.lerp(before[k], step[k], coef) for k in before})
             kl, logp = measure()
-            if kl <= delta:
+            if kl <= delta + floor:
                 return kl, j, "shortened", logp
         team.load_state(agent, before)
         return kl_before, cfg.max_backtracks, "reverted", None
@@ -119,4 +162,4 @@ def penalty_update(beta: float, kl: float, delta: float, batch_size: int, cfg: T
     return adaptive_kl_coef_ppo(beta, kl, delta, tolerance=cfg.kl_penalty_tolerance, factor=cfg.kl_penalty_factor)
 
 
-__all__ = ["backtrack", "penalty_update", "token_kl"]
+__all__ = ["backtrack", "measures_floor", "noise_floor", "penalty_update", "token_kl"]
