@@ -1,6 +1,6 @@
 #!/bin/bash
-# Prepare what benchmarks/gpu/check.sh carries to a GPU machine (run HERE, once per checkout). The device tool carries
-# at most 64 MiB per call and its image lacks some of our packages and the embedded model, so:
+# Prepare what benchmarks/gpu/check.sh carries to a GPU machine in its calls a, b and c (run HERE, once per checkout).
+# The device tool carries at most 64 MiB per call and its image lacks some of our packages and the embedded model, so:
 #   .gpu-a/  wheels of the packages the image lacks or holds at another version + the first third of the SmolLM2 GGUF
 #   .gpu-b/  its second third
 #   .gpu-c/  its last third and the whole file's sha256

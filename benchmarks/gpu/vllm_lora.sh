@@ -1,6 +1,6 @@
 #!/bin/bash
 # The vLLM check of issue 15 item 2, run ON a GPU machine by the device tool after `check.sh a` and `check.sh b` (the
-# stash in /tmp/gpu-stash; see check.sh and pack.sh), as one call:
+# stash in /tmp/gpu-stash; see check.sh and pack.sh; after `check.sh c` the model is already in place), as one call:
 #   run(command="bash benchmarks/gpu/vllm_lora.sh", carry=[".gpu-c"], timeout_s=540)
 # It needs vLLM in the machine's image (it cannot be carried: far over 64 MiB); without it, it says so and stops.
 # With it: the SmolLM2 GGUF is dequantised to an HF folder here, `vllm serve` starts on it with --enable-lora, runtime

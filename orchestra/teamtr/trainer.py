@@ -625,6 +625,7 @@ def train(
             "certificate/surrogate_sum": certificate_gain,
             "certificate/kl_penalty_sum": certificate_penalty,
         }
+        t_eval = time.perf_counter()
         if success is not None:
             new_success = team.exact_success()
             if new_success is not None:
@@ -637,6 +638,8 @@ def train(
                 )
                 success = new_success
         record["perf/stage_seconds"] = time.perf_counter() - t_stage
+        record["perf/eval_seconds"] = time.perf_counter() - t_eval  # the held-out evaluation (0 without one)
+        record["perf/train_seconds"] = t_eval - t_stage  # the stage without it: sampling, credit and updates
         record["perf/wall_seconds"] = time.perf_counter() - t_start
         log.stages.append(record)
         if hooks.on_stage is not None:
