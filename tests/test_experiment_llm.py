@@ -287,6 +287,7 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
         "pairwise.csv",
         "curves.csv",
         "training.csv",
+        "mechanism.csv",
         "learning_curves.png",
         "summary.md",
     ):
@@ -303,6 +304,17 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
     for scheme in SMOKE.schemes:
         updates = _csv(smoke_dir / "runs" / f"{scheme}-seed0" / "updates.csv")
         assert updates and all(math.isfinite(float(u["rollout/reward_mean"])) for u in updates)
+    # the mechanism table: 2 epochs × 2 minibatches, so up to 4 steps per agent-update, counted from updates.csv
+    mech = {r["scheme"]: r for r in _csv(smoke_dir / "mechanism.csv")}
+    for scheme in SMOKE.schemes:
+        updates = _csv(smoke_dir / "runs" / f"{scheme}-seed0" / "updates.csv")
+        cells = [(u, w) for u in updates for w in SMOKE.team.workers if u.get(f"agent/{w}/kl_trust", "") != ""]
+        steps = [float(u[f"agent/{w}/optimizer_steps"]) for u, w in cells]
+        acted = [float(u[f"agent/{w}/trust_region_acted"]) for u, w in cells]
+        assert int(mech[scheme]["agent_updates"]) == len(cells) == 8  # 4 stages × 2 workers
+        assert float(mech[scheme]["steps_per_update"]) == pytest.approx(sum(steps) / len(steps))
+        assert float(mech[scheme]["acted_share"]) == pytest.approx(sum(acted) / len(acted))
+        assert max(steps) > 1
     summary = (smoke_dir / "summary.md").read_text()
     for needle in (
         "Against the frozen team",

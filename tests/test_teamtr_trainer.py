@@ -213,6 +213,38 @@ def test_every_update_respects_the_kl_budget(estimator: Literal["exact", "k3"]) 
     assert max(checked) > 0.0  # the agents moved
 
 
+def test_the_trust_region_and_the_clip_are_seen_acting_during_the_steps() -> None:
+    """trust_region_acted flags exactly the agent-updates that backtracked, and step_clip_fraction reads the clip of
+    the losses the steps were taken on: 0 with one step per update (ratio 1), > 0 once several steps move the ratio."""
+    team = _team(2)
+    one = train(team, replace(BASE, num_stages=2, num_epochs=1, num_minibatches=1, lr=3e-2))
+    for u in one.updates:
+        for name in team.agent_names:
+            if f"agent/{name}/step_clip_fraction" in u:
+                assert u[f"agent/{name}/step_clip_fraction"] == 0.0  # the only step is taken at ratio 1
+    cfg = replace(BASE, num_stages=3, num_epochs=4, num_minibatches=2, lr=3e-2, order="random")
+    seen = {}
+    for trust_region, delta in (("backtrack", 0.005), ("none", 0.005)):
+        team = _team(2)
+        log = train(team, replace(cfg, trust_region=trust_region, delta=delta))  # type: ignore[arg-type]
+        acted: list[float] = []
+        clipped: list[float] = []
+        steps: list[float] = []
+        for u in log.updates:
+            here = [name for name in team.agent_names if f"agent/{name}/trust_region_acted" in u]
+            for name in here:
+                acted.append(u[f"agent/{name}/trust_region_acted"])
+                assert acted[-1] == float(u[f"agent/{name}/backtracks"] > 0)
+                clipped.append(u[f"agent/{name}/step_clip_fraction"])
+                steps.append(u[f"agent/{name}/optimizer_steps"])
+            assert u["trust/acted"] == pytest.approx(sum(acted[-len(here) :]) / len(here))
+        assert all(0.0 <= c <= 1.0 for c in clipped)
+        seen[trust_region] = (sum(acted), max(clipped), max(steps))
+    assert seen["backtrack"][0] > 0  # a tight budget binds
+    acted_none, clip_none, steps_none = seen["none"]
+    assert acted_none == 0 and steps_none == 8 and clip_none > 0.0  # 8 unhindered steps move the ratio into the clip
+
+
 def test_only_the_updated_agents_adapter_changes() -> None:
     team = _team(3, vocab=4, warm=False, all_modules=True)  # LoRA on every module of the shared base
     snapshots: list[tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = []

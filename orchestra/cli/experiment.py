@@ -86,6 +86,8 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             ),
             Opt("experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
             Opt("experiment.trainer.batch_size", "--batch-size"),
+            Opt("experiment.trainer.num_epochs", "--epochs"),
+            Opt("experiment.trainer.num_minibatches", "--minibatches"),
             Opt("experiment.trainer.lr", "--lr"),
             Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
             *team_options("experiment.team"),

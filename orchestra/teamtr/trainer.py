@@ -282,6 +282,7 @@ def update_agents(
     status = dict.fromkeys(agents, "none")
     final_logp: dict[int, Tensor | None] = dict.fromkeys(agents)  # log-probs at the kept parameters, if measured
     losses: list[float] = []
+    step_clip: dict[int, list[float]] = {i: [] for i in agents}  # clip fraction of each step's loss, as it was taken
     b_size = batch.batch_size
     mb_size = b_size // cfg.num_minibatches
     for _epoch in range(cfg.num_epochs):
@@ -291,7 +292,7 @@ def update_agents(
                 break
             mb_rows = b_inds[start : start + mb_size]
             mb = batch.select(mb_rows)
-            loss, _ = team_loss(
+            loss, loss_metrics = team_loss(
                 team,
                 agents if joint_ratio else active,
                 mb,
@@ -306,6 +307,10 @@ def update_agents(
                 optimizers[i].zero_grad(set_to_none=True)
             loss.backward()
             losses.append(float(loss.detach()))
+            for i in active:  # the joint loss has one clip for the team
+                step_clip[i].append(
+                    loss_metrics.get(f"mb/{i}/losses/clip_fraction", loss_metrics.get("losses/clip_fraction", 0.0))
+                )
             befores = {i: team.state(i) for i in active} if cfg.trust_region == "backtrack" else {}
             for i in active:
                 if cfg.max_grad_norm is not None:
@@ -388,6 +393,14 @@ def update_agents(
                 "last_step_reverted": float(status[i] == "reverted"),
                 "early_stopped": float(status[i] in ("shortened", "reverted")),
                 "optimizer_steps": float(steps[i]),
+                # the trust region acted: a step was shortened or reverted (backtrack) or the KL penalty was on
+                "trust_region_acted": float(
+                    backtracks[i] > 0
+                    if cfg.trust_region == "backtrack"
+                    else kl_coefs[i] > 0 and cfg.trust_region == "penalty"
+                ),
+                # the clip fraction of the losses the steps were taken on (the first step's is 0: ratio 1 there)
+                "step_clip_fraction": float(np.mean(step_clip[i])) if step_clip[i] else 0.0,
                 "behaviour_gap": gaps[i],
                 "kl_coef": states[i].kl_coef,
                 "num_tokens": surr["losses/num_tokens"],
@@ -402,6 +415,7 @@ def update_agents(
             "losses/policy_loss": float(np.mean(losses)) if losses else 0.0,
             "losses/surrogate_gain": _mean("surrogate_gain"),
             "losses/clip_fraction": _mean("clip_fraction"),
+            "losses/step_clip_fraction": _mean("step_clip_fraction"),
             "losses/entropy": _mean("entropy"),
             "losses/adv_abs_max": float(inputs.advantages.abs().max()) if b_size else 0.0,
             "kl/k1": _mean("kl_k1"),
@@ -411,6 +425,7 @@ def update_agents(
             "trust/backtracks": float(sum(backtracks.values())),
             "trust/accepted": float(all(steps[i] > 0 for i in agents)),
             "trust/optimizer_steps": float(sum(steps.values())),
+            "trust/acted": _mean("trust_region_acted"),  # share of this update's agents whose trust region acted
         }
     )
     if inputs.old_logits:

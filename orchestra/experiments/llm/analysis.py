@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -129,8 +129,54 @@ def training_curves(runs_dir: Path, cfg: LLMExperimentConfig) -> list[dict[str, 
                             episodes=int(float(r["rollout/episodes"])),
                             tokens=int(float(r["rollout/tokens"])),
                             reward=float(r["rollout/reward_mean"]),
+                            **update_mechanism(r, cfg.team.workers),
                         )
                     )
+    return out
+
+
+MECHANISM_FIELDS = ("agents", "steps", "acted", "kl_over_delta", "step_clip")
+
+
+def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[str, float]:
+    """What the trust region and the clip did in one update (a row of a run's ``updates.csv``), summed over the
+    agents it updated: ``agents`` updated, optimizer ``steps`` kept, agents whose trust region ``acted`` (a step
+    shortened or reverted, or the KL penalty on), ``kl_over_delta`` (the realised KL estimate / δ) and
+    ``step_clip`` (the clip fraction of the losses the steps were taken on). NaN where the run predates a column."""
+
+    def num(key: str) -> float:
+        text = record.get(key, "")
+        return float(text) if text not in ("", None) else math.nan
+
+    names = [w for w in workers if record.get(f"agent/{w}/kl_trust", "") not in ("", None)]
+    return dict(
+        agents=float(len(names)),
+        steps=sum(num(f"agent/{w}/optimizer_steps") for w in names),
+        acted=sum(num(f"agent/{w}/trust_region_acted") for w in names),
+        kl_over_delta=sum(num(f"agent/{w}/kl_trust") / num(f"agent/{w}/delta") for w in names),
+        step_clip=sum(num(f"agent/{w}/step_clip_fraction") for w in names),
+    )
+
+
+def mechanism(training: Sequence[dict[str, Any]], schemes: Sequence[str]) -> list[dict[str, Any]]:
+    """Per scheme, over every agent-update of every seed: steps per update, the share of updates in which the trust
+    region acted, the mean realised KL / δ and the mean clip fraction during the steps."""
+    out = []
+    for scheme in schemes:
+        rows = [r for r in training if r["scheme"] == scheme and r.get("agents", 0) > 0]
+        n = sum(r["agents"] for r in rows)
+        if not n:
+            continue
+        out.append(
+            dict(
+                scheme=scheme,
+                agent_updates=int(n),
+                steps_per_update=sum(r["steps"] for r in rows) / n,
+                acted_share=sum(r["acted"] for r in rows) / n,
+                kl_over_delta=sum(r["kl_over_delta"] for r in rows) / n,
+                step_clip_fraction=sum(r["step_clip"] for r in rows) / n,
+            )
+        )
     return out
 
 
@@ -206,13 +252,15 @@ def analyse(
                 ret=float(np.mean([r["return"] for r in sub])),
             )
         )
+    training = training_curves(runs_dir, cfg)
     return dict(
         final=final,
         vs_frozen=vs_frozen,
         pairwise=pairwise,
         curves=curves,
         headroom=headroom(rows),
-        training=training_curves(runs_dir, cfg),
+        training=training,
+        mechanism=mechanism(training, cfg.schemes),
     )
 
 

@@ -137,7 +137,7 @@ class LLMExperimentConfig:
             num_envs=8,
             forward_batch_size=8,
         )
-        trainer = replace(LLM_EXPERIMENT_TRAINER, num_stages=2, batch_size=4, lr=1e-2)
+        trainer = replace(LLM_EXPERIMENT_TRAINER, num_stages=2, batch_size=4, num_epochs=2, num_minibatches=2, lr=1e-2)
         base = cls(team=team, trainer=trainer, schemes=("teamtr", "naive"), seeds=1, eval_tasks=6, eval_every=1)
         return replace(base, **overrides)
 
