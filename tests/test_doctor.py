@@ -106,3 +106,14 @@ def test_the_command_prints_json_and_fails_on_a_crashing_probe() -> None:
     assert "crashed (SIGSEGV) in a test decode" in probe and probe.endswith(rebuild_command())
     r = doctor("--probe")
     assert r.returncode == 0 and "decoded SmolLM2" in r.stdout
+
+
+def test_doctor_lists_the_model_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra.jobs.doctor import _caches
+
+    (tmp_path / "abc-v1").mkdir()
+    (tmp_path / "abc-v1" / "model.safetensors").write_bytes(b"x" * 2**21)
+    monkeypatch.setenv("ORCHESTRA_MODEL_CACHE", str(tmp_path))
+    assert _caches()["models"] == f"{tmp_path} (1 dequantised model, 2 MiB)"
+    monkeypatch.setenv("ORCHESTRA_MODEL_CACHE", "off")
+    assert _caches()["models"] == "off ($ORCHESTRA_MODEL_CACHE)"

@@ -198,12 +198,19 @@ def _backends() -> dict[str, str]:
 
 
 def _caches() -> dict[str, Any]:
+    from orchestra.backends.model_cache import ENV, models_root
     from orchestra.runtime.workers import default_cache_path
 
     root = cache_root()
     response = default_cache_path()
+    models = models_root()
+    built = sorted(p for p in models.iterdir() if p.is_dir()) if models is not None and models.is_dir() else []
+    size = sum(f.stat().st_size for p in built for f in p.rglob("*") if f.is_file())
     return {
         "orchestra": str(root),
+        "models": f"off (${ENV})"
+        if models is None
+        else f"{models} ({len(built)} dequantised model{'s' if len(built) != 1 else ''}, {size / 2**20:.0f} MiB)",
         "llama_wheels": str(root / "llama-cpp-python"),
         "llama_probe": str(root / "llamacpp-probe"),
         "responses": f"{response} ({response.stat().st_size / 2**20:.1f} MiB)"
