@@ -3,6 +3,7 @@ run trains with (one source of the trainer's settings: :data:`~orchestra.teamtr.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -78,6 +79,26 @@ class ChainExperimentConfig:
     def to_json(self) -> dict[str, Any]:
         """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
         return config_json(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ChainExperimentConfig:
+        """The config a ``config.json`` was written from (:meth:`to_json` inverted: lists → tuples).
+
+        Raises:
+            ValueError: ``data`` is not the JSON of a config of this version (an unknown or missing field, a value
+                that does not read back to itself).
+        """
+
+        def fields(d: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+        try:
+            cfg = cls(**{**fields(data), "trainer": TeamTRConfig(**fields(data["trainer"]))})
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a chain experiment config: {e}") from e
+        if cfg.to_json() != dict(data):
+            raise ValueError("the chain experiment config does not read back to the JSON it came from")
+        return cfg
 
 
 def chain_config(cfg: ChainExperimentConfig, n: int, seed: int) -> ChainConfig:
