@@ -134,11 +134,11 @@ def test_chain_command_is_the_command_that_builds_the_config() -> None:
     from orchestra.jobs.experiment import ChainExperimentJob
 
     cfg = replace(_cfg(seed=1000), trainer=replace(_cfg().trainer, lr=1e-2, delta=0.02))
-    line = chain_command(cfg, "runs/x")
     parser, _ = build_parser("experiment")
-    args = parser.parse_args(line.split()[1:])
-    job = build(ChainExperimentJob(), args)
-    assert job.experiment == cfg and job.out == "runs/x"
+    for c in (cfg, replace(cfg, warm_success=0.3)):
+        line = chain_command(c, "runs/x")
+        job = build(ChainExperimentJob(), parser.parse_args(line.split()[1:]))
+        assert job.experiment == c and job.out == "runs/x"
     with pytest.raises(ValueError, match="flags"):
         chain_command(replace(cfg, vocab_size=16), "runs/x")
 
@@ -181,3 +181,26 @@ def test_cli_writes_the_page_and_the_per_seed_tables(tmp_path: Path, capsys: pyt
     assert (tmp_path / "main" / "differences.csv").exists() and (tmp_path / "budgets.csv").exists()
     # a main run longer than the runs it holds is refused with a message, not a traceback
     assert main([*argv[:4], str(tmp_path / "nope"), "--page", str(page)]) == 2
+
+
+def test_warm_success_gives_every_chain_length_the_same_warm_start_success() -> None:
+    from orchestra.experiments.chain.config import chain_config
+    from orchestra.teamtr.chain import exact_success, noisy_pass_through, pass_for_success
+
+    for n in (1, 2, 4, 8):
+        p = pass_for_success(0.3, n, 8)
+        assert exact_success([noisy_pass_through(8, p)] * n) == pytest.approx(0.3, abs=1e-12)
+    assert pass_for_success(0.3, 2, 8) < pass_for_success(0.3, 8, 8)  # longer chains need more reliable hops
+    with pytest.raises(ValueError, match="1/V < success"):
+        pass_for_success(0.1, 2, 8)  # below chance (1/V = 0.125)
+    cfg = replace(_cfg(ns=(2, 8)), warm_success=0.3)
+    assert cfg.warm_pass_for(8) == pass_for_success(0.3, 8, 8) and _cfg().warm_pass_for(8) == 0.55
+    assert chain_config(cfg, 8, 0).warm_pass == pass_for_success(0.3, 8, 8)
+    with pytest.raises(ValueError, match="1/V < success"):
+        replace(cfg, warm_success=1.0)
+
+
+def test_a_config_written_before_a_knob_existed_reads_back_with_its_default() -> None:
+    old = _cfg().to_json()
+    del old["warm_success"]
+    assert ChainExperimentConfig.from_json(old) == _cfg()

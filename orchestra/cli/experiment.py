@@ -43,6 +43,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
             Opt("experiment.trainer.lr", "--lr"),
             Opt("experiment.warm_pass", "--warm-pass", help=_WARM_PASS),
+            Opt("experiment.warm_success", "--warm-success", type=float),
             Opt("experiment.trainer.advantage", "--advantage"),
             Opt(
                 "experiment.trainer.adv_scale",
