@@ -171,9 +171,11 @@ def test_cli_writes_the_page_and_the_per_seed_tables(tmp_path: Path, capsys: pyt
     assert main([*argv, "--page", str(page), "--ceiling", "0.5", "--min-stages", "2"]) == 0
     assert f"page: {page}" in capsys.readouterr().out
     text = page.read_text()
-    assert "**The regime: candidate 1 at S = 6 stages.** The main run uses exactly that setting" in text
+    assert "**The regime: candidate 1 at S = 6 stages, by the rule.** The main run uses exactly that setting" in text
     assert "--ceiling 0.5 --min-stages 2" in text  # the page names the command that wrote it
-    assert "Every cell's mean stays below 0.5: the regime does not saturate." in text
+    assert (
+        "- At equal updates: the largest mean J is 0.480 (naive_bigB, n = 2)" in text and "saturates there" not in text
+    )
     assert "## What it does not show" in text
     with (tmp_path / "main" / "seeds.csv").open(newline="") as f:
         seeds = list(csv.DictReader(f))
@@ -204,3 +206,24 @@ def test_a_config_written_before_a_knob_existed_reads_back_with_its_default() ->
     old = _cfg().to_json()
     del old["warm_success"]
     assert ChainExperimentConfig.from_json(old) == _cfg()
+
+
+def test_the_fallback_checks_the_ceiling_at_equal_updates_only() -> None:
+    """naive at equal episodes (n × teamtr's updates) races past the ceiling: the rule picks no budget, its fallback
+    (ceiling at equal updates) does, and the page says which one picked."""
+    from orchestra.experiments.chain.regime import regime_page
+
+    cfg = _cfg(stages=10, ns=(2, 8))
+    rows = _runs(cfg, {**SLOPES, "naive": 0.2})
+    rule = BudgetRule(ceiling=0.5, min_stages=2)
+    assert choose_budget(budget_table(rows, rule, 10)) is None  # naive at equal episodes: 0.12 + 0.2·S
+    assert rule.fallback.ceiling_on == ("equal_updates",)
+    assert choose_budget(budget_table(rows, rule.fallback, 10)) == 3  # naive at n = 2, equal updates: 0.12 + 0.1·S
+    main_cfg = replace(cfg, seed=0, seeds=4, trainer=replace(cfg.trainer, num_stages=3))
+    text, tables = regime_page(
+        [("val", replace(cfg, seed=1000), rows)], ("main", main_cfg, _runs(main_cfg, SLOPES)), rule, "cmd"
+    )
+    assert "**The regime: candidate 1 at S = 3 stages, by the fallback (the rule itself picked none).**" in text
+    assert {r["rule"] for r in tables["budgets"]} == {"rule", "fallback"}
+    with pytest.raises(ValueError, match="ceiling_on"):
+        BudgetRule(ceiling_on=("sometimes",))

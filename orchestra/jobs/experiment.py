@@ -38,9 +38,8 @@ class ChainRegimeJob:
     """``orchestra experiment chain-regime``: the page of the chain in a regime that does not saturate, from the
     run directories of ``orchestra experiment chain`` (trains nothing)."""
 
-    validation: tuple[str, ...] = (
-        "docs/results/chain_hard/validation",  # validation run directories, one per candidate, in the order tried
-    )
+    # validation run directories, one per candidate, in the order tried (default: the committed ones, val1…val15)
+    validation: tuple[str, ...] = tuple(f"docs/results/chain_hard/val{k}" for k in range(1, 16))
     main: str = "docs/results/chain_hard/main"  # the main run's directory (gets seeds.csv, cells.csv, differences.csv)
     page: str = "docs/results/teamtr_hard.md"  # the page written
     rule: BudgetRule = field(default_factory=BudgetRule)  # the rule that picks the budget on the validation runs
