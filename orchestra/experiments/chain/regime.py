@@ -62,9 +62,8 @@ class BudgetRule:
 
     @property
     def fallback(self) -> BudgetRule:
-        """The rule applied when this one picks no candidate: the ceiling at equal updates only. At equal episodes
-        naive has made n × teamtr's updates, and on the validation runs its reading there reached the ceiling at
-        every budget where teamtr learned at the longest chain, for every candidate."""
+        """The rule applied when this one picks no candidate: the ceiling at equal updates only (at equal episodes
+        naive has made n × teamtr's updates, and on the validation runs that reading reached the ceiling first)."""
         return replace(self, ceiling_on=("equal_updates",))
 
 
@@ -358,9 +357,9 @@ def regime_page(
     lines += [
         f"Fallback, added when the rule had picked none of the candidates below (after the validation runs, before "
         f"the main run): the same rule with (a) checked at the equal-updates reading only. At equal episodes naive "
-        f"has made n × teamtr's updates, and on every candidate its reading there reached {rule.ceiling:g} before "
-        "teamtr had learned at the longest chain. Under the fallback, naive's equal-episodes reading may saturate; "
-        "the tables below say where.",
+        f"has made n × teamtr's updates, and on these candidates that reading was the one to reach {rule.ceiling:g} "
+        "first (the `where` column of `budgets.csv`). Under the fallback, naive's equal-episodes reading may "
+        "saturate; the tables below say where.",
         "",
         "| candidate | warm start | lr | δ | largest S meeting (a) | budget | largest S meeting (a) at equal updates "
         "| budget (fallback) | wall |",
@@ -553,12 +552,25 @@ def _main_sections(
                 for s in schemes
             ]
             lines.append(f"| {accounting.replace('_', ' ')} | {n} | " + " | ".join(row) + " |")
+    shares = [r["bound_share"] for r in cells if r["accounting"] == "equal_updates"]
     lines += [
         "",
         "![exact J vs sampled episodes, mean ± sd over seeds](chain_hard/main/learning_curves.png)",
         "",
         "## What it does not show",
         "",
+        *(
+            [
+                f"- The trust region bound in {cell(100 * min(shares), 1)}–{cell(100 * max(shares), 1)}% of the "
+                "agent-updates at equal updates: (nearly) every full step broke δ and was shortened by the line search "
+                "until KL ≤ δ, so how far each update moved was set by δ more than by the gradient, for every scheme "
+                "alike. The schemes "
+                "can differ here only in the direction of their steps; a regime where steps are not all cut to δ "
+                "is not measured."
+            ]
+            if shares and min(shares) >= 0.9
+            else []
+        ),
         "- The budget is what keeps J below the ceiling: the schemes are compared part-way through training, from "
         "one warm start per (n, seed). Whether a gap found (or not found) here persists, widens or closes later is "
         "not measured; the saturated regimes of [teamtr.md](teamtr.md) are the late end.",
