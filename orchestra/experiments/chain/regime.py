@@ -24,6 +24,7 @@ equal_episode_stage`). The full-volume schemes (teamtr, stale_indep, naive_bigB)
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -300,10 +301,12 @@ def regime_page(
     main: tuple[str, ChainExperimentConfig, list[dict[str, Any]]],
     rule: BudgetRule,
     command: str,
+    page_dir: str | Path = ".",
 ) -> tuple[str, dict[str, list[dict[str, Any]]]]:
     """The page (markdown) and its tables: ``budgets`` (every validation candidate's :func:`budget_table`),
     ``seeds`` (the main run's :func:`seed_readings` at its budget), ``cells`` (:func:`cell_summary`) and
-    ``differences`` (:func:`paired_differences`). ``validation`` and ``main``: (directory, config, rows)."""
+    ``differences`` (:func:`paired_differences`). ``validation`` and ``main``: (directory, config, rows);
+    ``page_dir``: where the page goes (its links to the main run's files are relative to it)."""
     main_dir, cfg, rows = main
     budget = cfg.num_stages
     lines = [
@@ -435,7 +438,8 @@ def regime_page(
     diffs = paired_differences(readings)
     tables |= {"seeds": readings, "cells": cells, "differences": diffs}
     wall, train, runs = log_seconds(main_dir)
-    lines += _main_sections(cfg, main_dir, cells, diffs, rule, wall, train, runs)
+    link = Path(os.path.relpath(main_dir, page_dir)).as_posix()
+    lines += _main_sections(cfg, main_dir, cells, diffs, rule, wall, train, runs, link)
     return "\n".join(lines), tables
 
 
@@ -448,6 +452,7 @@ def _main_sections(
     wall: float,
     train: float,
     runs: int,
+    link: str,
 ) -> list[str]:
     budget = cfg.num_stages
     by = {(r["accounting"], r["n"], r["scheme"]): r for r in cells}
@@ -555,7 +560,10 @@ def _main_sections(
     shares = [r["bound_share"] for r in cells if r["accounting"] == "equal_updates"]
     lines += [
         "",
-        "![exact J vs sampled episodes, mean ± sd over seeds](chain_hard/main/learning_curves.png)",
+        f"![exact J vs sampled episodes, mean ± sd over seeds]({link}/learning_curves.png)",
+        "",
+        f"The main run's own report (drift, regressions, certificate, acceptance checks of `orchestra experiment "
+        f"chain`): [{link}/summary.md]({link}/summary.md).",
         "",
         "## What it does not show",
         "",
@@ -616,7 +624,7 @@ def write_regime_page(
     first validation run's directory's parent (one row per candidate and budget), ``seeds.csv``, ``cells.csv`` and
     ``differences.csv`` into the main run's directory. Returns the page's path."""
     runs = [(str(d), *load_run(d)) for d in validation]
-    text, tables = regime_page(runs, (str(main), *load_run(main)), rule, command)
+    text, tables = regime_page(runs, (str(main), *load_run(main)), rule, command, Path(page).parent)
     main_dir = Path(main)
     for name in ("seeds", "cells", "differences"):
         write_rows(main_dir / f"{name}.csv", tables[name], list(tables[name][0]), nan="")
