@@ -121,7 +121,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
     from orchestra.jobs.demo import DemoConfig
     from orchestra.jobs.doctor import DoctorConfig
     from orchestra.jobs.evaluate import EvaluateConfig
-    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob
+    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, LLMExperimentJob
     from orchestra.jobs.finetune import FinetuneConfig
     from orchestra.jobs.inspect import ExportConfig
     from orchestra.jobs.phase1 import ReproduceConfig
@@ -135,6 +135,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("trajectories", "export"): ExportConfig,
         ("demo",): DemoConfig(),
         ("experiment", "chain"): ChainExperimentJob(),
+        ("experiment", "chain-regime"): ChainRegimeJob(),
         ("experiment", "llm"): LLMExperimentJob(),
         ("dataset", "build"): DatasetBuildConfig,
         ("train",): TrainConfig,

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob
+    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, LLMExperimentJob
 
     esub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     q = esub.add_parser(
@@ -43,6 +43,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
             Opt("experiment.trainer.lr", "--lr"),
             Opt("experiment.warm_pass", "--warm-pass", help=_WARM_PASS),
+            Opt("experiment.warm_success", "--warm-success", type=float),
             Opt("experiment.trainer.advantage", "--advantage"),
             Opt(
                 "experiment.trainer.adv_scale",
@@ -56,6 +57,25 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         ],
     )
     q.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, teamtr naive, 1 seed, 2 stages)")
+    r = esub.add_parser(
+        "chain-regime",
+        help="the chain's page in a regime that does not saturate: the budget rule on validation runs, per-seed "
+        "readings and paired differences of a main run (from their run directories; trains nothing)",
+        epilog=epilog,
+    )
+    add_options(
+        r,
+        ChainRegimeJob(),
+        [
+            Opt("validation", "--validation"),
+            Opt("main", "--main"),
+            Opt("page", "--page"),
+            Opt("rule.ceiling", "--ceiling"),
+            Opt("rule.min_rise", "--min-rise"),
+            Opt("rule.min_rise_largest_n", "--min-rise-largest-n"),
+            Opt("rule.min_stages", "--min-stages"),
+        ],
+    )
     f = esub.add_parser(
         "llm",
         help="real LLM team: frozen vs teamtr / naive / joint / HAPPO on held-out tasks, paired CIs, both accountings",
@@ -131,8 +151,23 @@ Tune settings with --eval-split validation; report the test split once per relea
 def _cmd_experiment(a: argparse.Namespace) -> int:
     from orchestra.experiments.chain.config import ChainExperimentConfig
     from orchestra.experiments.llm.config import LLMExperimentConfig
-    from orchestra.jobs.experiment import ChainExperimentJob, LLMExperimentJob, run_chain_job, run_llm_job
+    from orchestra.jobs.experiment import (
+        ChainExperimentJob,
+        ChainRegimeJob,
+        LLMExperimentJob,
+        run_chain_job,
+        run_chain_regime_job,
+        run_llm_job,
+    )
 
+    if a.experiment == "chain-regime":
+        try:
+            page = run_chain_regime_job(build(ChainRegimeJob(), a))
+        except (ValueError, OSError) as e:  # a missing or damaged run directory, a run shorter than its budget
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"page: {page}")
+        return 0
     run: Callable[[], ExperimentResult]
     if a.experiment == "llm":
         llm = LLMExperimentJob(experiment=LLMExperimentConfig.smoke()) if a.smoke else LLMExperimentJob()

@@ -1,6 +1,7 @@
-"""``orchestra experiment chain`` and ``orchestra experiment llm``: the telephone-chain comparison of TeamTR with
-naive, joint and HAPPO (:mod:`orchestra.experiments.chain`) and the real-LLM one (:mod:`orchestra.experiments.llm`),
-as jobs: where they write and whether they talk."""
+"""``orchestra experiment chain``, ``chain-regime`` and ``llm``: the telephone-chain comparison of TeamTR with
+naive, joint and HAPPO (:mod:`orchestra.experiments.chain`), its page in a regime that does not saturate
+(:mod:`orchestra.experiments.chain.regime`) and the real-LLM one (:mod:`orchestra.experiments.llm`), as jobs: where
+they read and write and whether they talk."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestra.experiments.chain.config import ChainExperimentConfig
+from orchestra.experiments.chain.regime import BudgetRule
 from orchestra.experiments.harness import ExperimentResult, stderr_say
 from orchestra.experiments.llm.config import LLMExperimentConfig
 
@@ -29,6 +31,38 @@ def run_chain_job(job: ChainExperimentJob) -> ExperimentResult:
 
     torch.set_num_threads(1)  # tiny models are dispatch-bound
     return run_chain_experiment(job.experiment, job.out, say=stderr_say(job.progress), tensorboard=job.tensorboard)
+
+
+@dataclass(frozen=True)
+class ChainRegimeJob:
+    """``orchestra experiment chain-regime``: the page of the chain in a regime that does not saturate, from the
+    run directories of ``orchestra experiment chain`` (trains nothing)."""
+
+    # validation run directories, one per candidate, in the order tried (default: the committed ones, val1…val15)
+    validation: tuple[str, ...] = tuple(f"docs/results/chain_hard/val{k}" for k in range(1, 16))
+    main: str = "docs/results/chain_hard/main"  # the main run's directory (gets seeds.csv, cells.csv, differences.csv)
+    page: str = "docs/results/teamtr_hard.md"  # the page written
+    rule: BudgetRule = field(default_factory=BudgetRule)  # the rule that picks the budget on the validation runs
+
+
+def chain_regime_command(job: ChainRegimeJob) -> str:
+    """The command line that writes ``job``'s page (the rule's flags only where they differ from the defaults)."""
+    rule, default = job.rule, BudgetRule()
+    flags = [
+        f"--{name.replace('_', '-')} {getattr(rule, name):g}"
+        for name in ("ceiling", "min_rise", "min_rise_largest_n", "min_stages")
+        if getattr(rule, name) != getattr(default, name)
+    ]
+    return " ".join(
+        ["orchestra experiment chain-regime --validation", *job.validation, "--main", job.main, "--page", job.page]
+        + flags
+    )
+
+
+def run_chain_regime_job(job: ChainRegimeJob) -> Path:
+    from orchestra.experiments.chain.regime import write_regime_page
+
+    return write_regime_page(job.validation, job.main, job.page, job.rule, chain_regime_command(job))
 
 
 @dataclass(frozen=True)
@@ -71,4 +105,13 @@ def publish(summary: Path, report: Path) -> None:
     report.write_text(summary.read_text().replace("](learning_curves.png)", f"]({png})"))
 
 
-__all__ = ["ChainExperimentJob", "LLMExperimentJob", "publish", "run_chain_job", "run_llm_job"]
+__all__ = [
+    "ChainExperimentJob",
+    "ChainRegimeJob",
+    "LLMExperimentJob",
+    "chain_regime_command",
+    "publish",
+    "run_chain_job",
+    "run_chain_regime_job",
+    "run_llm_job",
+]

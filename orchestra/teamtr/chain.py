@@ -378,6 +378,21 @@ def noisy_pass_through(vocab_size: int, p: float) -> Matrix:
     return target
 
 
+def pass_for_success(success: float, n_agents: int, vocab_size: int) -> float:
+    """The per-hop pass probability p at which a chain of ``n_agents`` noisy pass-throughs (:func:`noisy_pass_through`)
+    has team success ``success``. T = λI + (1 − λ)/V · 11ᵀ with λ = p − (1 − p)/(V − 1), so
+    J = tr(Tⁿ)/V = 1/V + (1 − 1/V)·λⁿ, hence λ = ((J − 1/V)/(1 − 1/V))^(1/n) and p = (λ(V − 1) + 1)/V.
+
+    Raises:
+        ValueError: ``success`` is not in (1/V, 1).
+    """
+    v = vocab_size
+    if not 1.0 / v < success < 1.0 or n_agents < 1:
+        raise ValueError(f"need 1/V < success < 1 and n ≥ 1, got success={success}, V={v}, n={n_agents}")
+    lam = ((success - 1.0 / v) / (1.0 - 1.0 / v)) ** (1.0 / n_agents)
+    return (lam * (v - 1) + 1.0) / v
+
+
 def shifted_pass_through(vocab_size: int, p: float, shift: int = 1) -> Matrix:
     """A competent agent of ANOTHER message convention: it relays input x as symbol x + shift (mod V) with
     probability p (:func:`noisy_pass_through` with its columns rolled) → (V, V)."""

@@ -311,7 +311,12 @@ def acceptance_checks(cfg: ChainExperimentConfig, tables: dict[str, list[dict[st
         ratio = alpha["naive"][f"ratio_b_vs_teamtr_at_n{n_max}"]
         # the drift criteria need: fixed order, ≥ 8 seeds, a warm-started (reliable, pass ≥ 0.8) chain, and
         # enough chain lengths to fit α (docs/telephone-chain.md §1: the claim needs reliable agents)
-        drift_ok = cfg.seeds >= 8 and cfg.trainer.order == "fixed" and cfg.warm_pass >= 0.8 and len(set(cfg.ns)) >= 3
+        drift_ok = (
+            cfg.seeds >= 8
+            and cfg.trainer.order == "fixed"
+            and min(map(cfg.warm_pass_for, cfg.ns)) >= 0.8
+            and len(set(cfg.ns)) >= 3
+        )
 
         def decide(ok: bool) -> bool | None:
             return ok if drift_ok else None

@@ -3,11 +3,12 @@ run trains with (one source of the trainer's settings: :data:`~orchestra.teamtr.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestra.experiments.harness import episode_stage
-from orchestra.teamtr.chain import ChainConfig
+from orchestra.teamtr.chain import ChainConfig, pass_for_success
 from orchestra.teamtr.config import CHAIN_TRAINER, SCHEMES, Scheme, TeamTRConfig, derive_seed
 from trajectories.rundir import config_json
 
@@ -32,6 +33,9 @@ class ChainExperimentConfig:
     lora_r: int = 8  # LoRA rank (≥ V − 1: lm_head alone can express any V×V policy)
     lora_targets: tuple[str, ...] = ("lm_head",)  # LoRA target modules (lm_head only: fast and expressive enough)
     warm_pass: float = 0.85  # warm-start per-hop pass probability (the reliable-agent regime of the study)
+    # warm-start team success J0, the same at every n: each n's per-hop pass is the one giving this J0
+    # (teamtr.chain.pass_for_success), so chains of every length start equally far from the optimum; None = warm_pass
+    warm_success: float | None = None
     drift_stages: int = 5  # drift per run = mean over its first this-many stages
     seed: int = 0  # root seed; team and trainer seeds derive from (seed, n, run seed)
 
@@ -43,6 +47,14 @@ class ChainExperimentConfig:
             raise ValueError(f"unknown schemes {bad}; expected some of {(*SCHEMES, *CHAIN_VARIANTS)}")
         if self.seeds < 1 or self.num_stages < 1 or self.drift_stages < 1:
             raise ValueError("need seeds ≥ 1, num_stages ≥ 1 and drift_stages ≥ 1")
+        if self.warm_success is not None:
+            for n in self.ns:
+                pass_for_success(self.warm_success, n, self.vocab_size)  # raises for a J0 outside (1/V, 1)
+
+    def warm_pass_for(self, n: int) -> float:
+        """The warm-start per-hop pass probability of the chains of length n: ``warm_pass``, or the one that gives
+        team success ``warm_success`` at n."""
+        return self.warm_pass if self.warm_success is None else pass_for_success(self.warm_success, n, self.vocab_size)
 
     @property
     def num_stages(self) -> int:
@@ -79,6 +91,28 @@ class ChainExperimentConfig:
         """The config as plain JSON types (tuples → lists), as written to ``config.json``."""
         return config_json(self)
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ChainExperimentConfig:
+        """The config a ``config.json`` was written from (:meth:`to_json` inverted: lists → tuples). A field the file
+        lacks (written before that knob existed) takes its default.
+
+        Raises:
+            ValueError: ``data`` is not the JSON of a config of this version (an unknown field, a value that does not
+                read back to itself).
+        """
+
+        def fields(d: Mapping[str, Any]) -> dict[str, Any]:
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+        try:
+            cfg = cls(**{**fields(data), "trainer": TeamTRConfig(**fields(data["trainer"]))})
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a chain experiment config: {e}") from e
+        written = cfg.to_json()
+        if any(written[k] != v for k, v in data.items()):
+            raise ValueError("the chain experiment config does not read back to the JSON it came from")
+        return cfg
+
 
 def chain_config(cfg: ChainExperimentConfig, n: int, seed: int) -> ChainConfig:
     """The chain of run (n, seed): the same for every scheme (paired comparisons)."""
@@ -87,7 +121,7 @@ def chain_config(cfg: ChainExperimentConfig, n: int, seed: int) -> ChainConfig:
         vocab_size=cfg.vocab_size,
         lora_r=cfg.lora_r,
         lora_targets=cfg.lora_targets,
-        warm_pass=cfg.warm_pass,
+        warm_pass=cfg.warm_pass_for(n),
         seed=derive_seed(cfg.seed, n, seed, 0, bits=31),
     )
 
