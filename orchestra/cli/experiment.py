@@ -1,5 +1,6 @@
-"""``orchestra experiment chain | llm``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`), TeamTR
-against naive, joint and HAPPO on the telephone chain and on a real LLM team."""
+"""``orchestra experiment chain | llm | freshness``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`),
+TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team, and the paired freshness
+experiment on the chain."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, LLMExperimentJob
+    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, FreshnessJob, LLMExperimentJob
 
     esub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     q = esub.add_parser(
@@ -123,6 +124,29 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         ],
     )
     f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
+    r = esub.add_parser(
+        "freshness",
+        help="paired freshness experiment on the chain: the last worker updated on a stale vs a fresh batch (CRN), "
+        "exact J, CI over replicate pairs, stale gap, null check",
+        description=FRESHNESS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    add_options(
+        r,
+        FreshnessJob(),
+        [
+            "out",
+            Opt("report", "--report"),
+            Opt("from_csv", "--from-csv"),
+            Opt("experiment.ns", "--ns"),
+            Opt("experiment.pairs", "--pairs"),
+            Opt("experiment.trainer.batch_size", "--batch-size"),
+            Opt("experiment.seed", "--seed"),
+            Opt("progress", "--quiet", help="no progress output"),
+        ],
+    )
+    r.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, 3 pairs, V 4, B 32)")
 
 
 _WARM_PASS = (
@@ -148,15 +172,35 @@ Tune settings with --eval-split validation; report the test split once per relea
 """
 
 
+FRESHNESS_DESCRIPTION = """\
+TeamTR's claim in its purest form, on the telephone chain. Per replicate pair: a warm-started chain of n agents;
+workers 0..n-2 updated in order on one stale batch S (scheme naive), the trainer stopped right after worker n-2's
+update and its state saved; from that state the last worker is updated once on S (stale) and once on a batch F
+sampled from the updated team with S's random numbers (fresh), by the trainer's own update, everything else equal.
+Both arms are scored by the exact team success J. Two step sizes (the chain trainer's, and delta 10x), every n.
+
+Reported per (step size, n): mean J_fresh - J_stale with a 95% t interval over pairs, Holm-adjusted p, the minimum
+detectable effect (80% power), the stale gap (exact KL of the last worker's contexts, the exact stale gap of its
+step, the share of episodes and the advantage change between S and F), and a null check (two stale arms that differ
+only in their batch's seed must not come out different).
+
+Writes OUT/config.json, OUT/pairs.csv (one row per pair), OUT/cells.csv and OUT/summary.md. Resumable (more
+--pairs extend a run).
+"""
+
+
 def _cmd_experiment(a: argparse.Namespace) -> int:
     from orchestra.experiments.chain.config import ChainExperimentConfig
+    from orchestra.experiments.freshness.config import FreshnessConfig
     from orchestra.experiments.llm.config import LLMExperimentConfig
     from orchestra.jobs.experiment import (
         ChainExperimentJob,
         ChainRegimeJob,
+        FreshnessJob,
         LLMExperimentJob,
         run_chain_job,
         run_chain_regime_job,
+        run_freshness_job,
         run_llm_job,
     )
 
@@ -169,7 +213,10 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
         print(f"page: {page}")
         return 0
     run: Callable[[], ExperimentResult]
-    if a.experiment == "llm":
+    if a.experiment == "freshness":
+        fresh = FreshnessJob(experiment=FreshnessConfig.smoke()) if a.smoke else FreshnessJob()
+        run = partial(run_freshness_job, build(fresh, a))
+    elif a.experiment == "llm":
         llm = LLMExperimentJob(experiment=LLMExperimentConfig.smoke()) if a.smoke else LLMExperimentJob()
         run = partial(run_llm_job, build(llm, a))
     else:
@@ -186,7 +233,8 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 
 EXPERIMENT = {
     "experiment": Command(
-        "phase 2's experiments: TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team",
+        "phase 2's experiments: TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team; "
+        "the paired freshness experiment",
         _experiment,
         _cmd_experiment,
     )

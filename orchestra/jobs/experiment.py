@@ -1,7 +1,8 @@
-"""``orchestra experiment chain``, ``chain-regime`` and ``llm``: the telephone-chain comparison of TeamTR with
-naive, joint and HAPPO (:mod:`orchestra.experiments.chain`), its page in a regime that does not saturate
-(:mod:`orchestra.experiments.chain.regime`) and the real-LLM one (:mod:`orchestra.experiments.llm`), as jobs: where
-they read and write and whether they talk."""
+"""``orchestra experiment chain``, ``chain-regime``, ``llm`` and ``freshness``: the telephone-chain comparison of
+TeamTR with naive, joint and HAPPO (:mod:`orchestra.experiments.chain`), its page in a regime that does not saturate
+(:mod:`orchestra.experiments.chain.regime`), the real-LLM one (:mod:`orchestra.experiments.llm`) and the paired
+freshness experiment (:mod:`orchestra.experiments.freshness`), as jobs: where they read and write and whether they
+talk."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from orchestra.experiments.chain.config import ChainExperimentConfig
 from orchestra.experiments.chain.regime import BudgetRule
+from orchestra.experiments.freshness.config import FreshnessConfig
 from orchestra.experiments.harness import ExperimentResult, stderr_say
 from orchestra.experiments.llm.config import LLMExperimentConfig
 
@@ -94,6 +96,40 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
     return result
 
 
+@dataclass(frozen=True)
+class FreshnessJob:
+    """``orchestra experiment freshness``: the experiment's config, its run directory and where its report goes."""
+
+    experiment: FreshnessConfig = field(default_factory=FreshnessConfig)  # chains, step sizes, replicate pairs
+    out: str = "runs/experiment_freshness"  # output directory (an existing one of the same config is resumed)
+    # also write summary.md here, and pairs.csv beside it as {stem}_chain.csv (e.g. docs/results/freshness.md)
+    report: str | None = None
+    # run nothing: the report of this pairs CSV alone (e.g. the committed docs/results/freshness_chain.csv)
+    from_csv: str | None = None
+    progress: bool = True  # one line per finished pair on stderr
+
+
+def run_freshness_job(job: FreshnessJob) -> ExperimentResult:
+    import shutil
+
+    import torch
+
+    from orchestra.experiments.freshness.run import report_from_csv, run_freshness_experiment
+
+    torch.set_num_threads(1)  # tiny models are dispatch-bound
+    if job.from_csv is not None:
+        result = report_from_csv(job.from_csv, job.out)
+    else:
+        result = run_freshness_experiment(job.experiment, job.out, say=stderr_say(job.progress))
+    if job.report:
+        report = Path(job.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.summary.read_text())
+        if job.from_csv is None:
+            shutil.copyfile(Path(job.out) / "pairs.csv", report.parent / f"{report.stem}_chain.csv")
+    return result
+
+
 def publish(summary: Path, report: Path) -> None:
     """Copy ``summary.md`` to ``report`` and its ``learning_curves.png`` beside it as ``{report stem}_curves.png``,
     the image link rewritten."""
@@ -108,10 +144,12 @@ def publish(summary: Path, report: Path) -> None:
 __all__ = [
     "ChainExperimentJob",
     "ChainRegimeJob",
+    "FreshnessJob",
     "LLMExperimentJob",
     "chain_regime_command",
     "publish",
     "run_chain_job",
     "run_chain_regime_job",
+    "run_freshness_job",
     "run_llm_job",
 ]

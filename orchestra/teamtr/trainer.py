@@ -26,6 +26,7 @@ Knobs: :mod:`orchestra.teamtr.config`; run directory, metrics files and resumabl
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -443,14 +444,77 @@ def update_agents(
 UpdateHook = Callable[[int, tuple[int, ...], Any], None]  # (stage, agents, batch) → None
 
 
+@dataclass(frozen=True)
+class TeamSnapshot:
+    """Copies of the trainer's per-agent state at one moment: every agent's parameters, optimizer state and β_i."""
+
+    params: tuple[dict[str, Tensor], ...]  # per agent: TrainableTeam.state
+    optimizers: tuple[
+        dict[str, Any] | None, ...
+    ]  # per agent: a deep copy of its optimizer's state_dict (None: none yet)
+    kl_coefs: tuple[float, ...]  # per agent: penalty-mode β_i
+
+    def restore(self, team: TrainableTeam[Any], cfg: TeamTRConfig) -> dict[int, AgentState]:
+        """Load the parameters back into ``team``; returns new :class:`AgentState` s (optimizers rebuilt by
+        :func:`make_optimizer` from ``cfg`` over the team's parameters, each with a fresh copy of its saved state),
+        ready for :func:`update_agents`. Every call gives identical, independent copies: the arms of an experiment
+        branched from one snapshot share nothing."""
+        states: dict[int, AgentState] = {}
+        for i, params in enumerate(self.params):
+            team.load_state(i, params)
+            opt = None
+            saved = self.optimizers[i]
+            if saved is not None:
+                opt = make_optimizer(team.parameters(i), cfg)
+                opt.load_state_dict(copy.deepcopy(saved))
+            states[i] = AgentState(optimizer=opt, kl_coef=self.kl_coefs[i])
+        return states
+
+
+@dataclass(frozen=True)
+class UpdatePoint:
+    """The trainer right after one update (:attr:`TrainHooks.at_update`): what an experiment needs to branch from
+    the middle of a stage (the run directory's checkpoints are per stage). ``team`` and ``states`` are the live
+    objects, valid during the hook call only: :meth:`capture` copies them."""
+
+    stage: int
+    position: int  # the update's place in the stage's order (0 = the stage's first update)
+    agents: tuple[int, ...]  # the agents it moved
+    batch: Any  # the batch it trained on
+    batch_rng_state: Tensor  # the rollout generator's state just before that batch was sampled (see below)
+    metrics: Metrics  # the update's record, as logged
+    team: TrainableTeam[Any]
+    states: dict[int, AgentState]
+
+    def capture(self) -> TeamSnapshot:
+        """Copies of every agent's parameters, optimizer state and β_i now (after this update)."""
+        n = len(self.team.agent_names)
+        return TeamSnapshot(
+            params=tuple(self.team.state(i) for i in range(n)),
+            optimizers=tuple(
+                None if (opt := self.states[i].optimizer) is None else copy.deepcopy(opt.state_dict()) for i in range(n)
+            ),
+            kl_coefs=tuple(self.states[i].kl_coef for i in range(n)),
+        )
+
+    def rollout_generator(self) -> torch.Generator:
+        """A generator in the state that sampled :attr:`batch`: ``team.sample(B, point.rollout_generator())`` draws a
+        batch with the same random numbers (common random numbers: for the chain the same keys and the same
+        uniforms per agent) from the team as it is then, e.g. a fresh batch paired with the stale one."""
+        return torch.Generator().set_state(self.batch_rng_state.clone())
+
+
 @dataclass
 class TrainHooks:
-    """Optional callbacks around every update (diagnostics, tests); they must not change the team."""
+    """Optional callbacks around every update (diagnostics, tests, experiments); they must not change the team."""
 
     before_update: UpdateHook | None = None  # called after the batch is chosen, before any parameter moves
     after_update: UpdateHook | None = None  # called after the update's last parameter change
     on_update: Callable[[Metrics], None] | None = None  # each update's metrics record, as soon as it is logged
     on_stage: Callable[[Metrics], None] | None = None  # each stage's metrics record, as soon as it is logged
+    # called right after each update is logged with the trainer's state there (branch an experiment mid-stage:
+    # UpdatePoint); returning True ends the run there, the stage unfinished (no stage record, no checkpoint)
+    at_update: Callable[[UpdatePoint], bool | None] | None = None
 
 
 @dataclass
@@ -459,6 +523,36 @@ class TrainLog:
 
     updates: list[Metrics] = field(default_factory=list)
     stages: list[Metrics] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A run stopped right after one update (:func:`train_until`): the state to branch from and how it was reached."""
+
+    point: UpdatePoint  # that update (its ``team`` and ``states`` are live: use ``snapshot`` once the team moves)
+    snapshot: TeamSnapshot  # copies of every agent's state right after it
+    log: TrainLog  # the run's metrics up to it
+
+
+def train_until(team: TrainableTeam[BatchT], cfg: TeamTRConfig, *, stage: int, position: int) -> Branch:
+    """Run ``cfg`` on ``team`` up to and including update ``position`` of stage ``stage`` and stop there (a mid-stage
+    branch point: the run directory's checkpoints are per stage). The team is left in that state.
+
+    Raises:
+        ValueError: the run ends (``cfg.num_stages``) before that update.
+    """
+    found: list[Branch] = []
+
+    def at_update(point: UpdatePoint) -> bool:
+        if (point.stage, point.position) != (stage, position):
+            return False
+        found.append(Branch(point, point.capture(), TrainLog()))
+        return True
+
+    log = train(team, cfg, hooks=TrainHooks(at_update=at_update))
+    if not found:
+        raise ValueError(f"the run ended before update {position} of stage {stage}")
+    return Branch(found[0].point, found[0].snapshot, log)
 
 
 def train(
@@ -517,12 +611,14 @@ def train(
     t_start = time.perf_counter() - wall_seconds  # perf/wall_seconds continues across a resume
     informative = 1.0  # share of the last sampled batch in informative groups (DAPO filter)
 
-    def sample() -> tuple[BatchT, float]:
-        """A batch of the current team; with the DAPO filter, its informative groups only: batches are drawn (all
-        of them counted as sampled) until one has at least one, up to ``dapo_max_batches``; the last one is kept
-        whole if none has (its advantages are then all 0)."""
+    def sample() -> tuple[BatchT, float, Tensor]:
+        """A batch of the current team, its sampling time and the rollout generator's state before it; with the DAPO
+        filter, its informative groups only: batches are drawn (all of them counted as sampled) until one has at
+        least one, up to ``dapo_max_batches``; the last one is kept whole if none has (its advantages are then
+        all 0)."""
         nonlocal episodes, tokens, informative
         t0 = time.perf_counter()
+        rng_state = rollout_gen.get_state()
         for _ in range(cfg.dapo_max_batches if cfg.dapo_filter else 1):
             with torch.no_grad():
                 b = team.sample(cfg.batch_size, rollout_gen)
@@ -535,14 +631,16 @@ def train(
             if bool(keep.any()):
                 b = b.select(torch.nonzero(keep).flatten())
                 break
-        return b, time.perf_counter() - t0
+        return b, time.perf_counter() - t0, rng_state
 
     for stage in range(first_stage, cfg.num_stages):
         t_stage = time.perf_counter()
         stage_first_update = len(log.updates)
         order = cfg.agent_order(n, order_gen)
         updates = [tuple(order)] if cfg.scheme in ("joint", "joint_indep") else [(i,) for i in order]
-        stale, stale_seconds = sample() if cfg.scheme not in ("teamtr", "stale_indep") else (None, 0.0)
+        stale, stale_seconds, stale_rng = (
+            sample() if cfg.scheme not in ("teamtr", "stale_indep") else (None, 0.0, rollout_gen.get_state())
+        )
         stage_start = {i: team.state(i) for i in range(n)} if cfg.scheme == "stale_indep" else None
         prev_logratios: list[Tensor] = []  # HAPPO: (B,) per earlier-updated agent of this stage
         phi, credit = credit_weights(team, cfg, stage) if cfg.credit != "none" else ({}, None)
@@ -553,15 +651,15 @@ def train(
                 now = {i: team.state(i) for i in range(n)}
                 for i, st in stage_start.items():
                     team.load_state(i, st)
-                batch, sample_seconds = sample()
+                batch, sample_seconds, batch_rng = sample()
                 for i, st in now.items():
                     team.load_state(i, st)
                 batch_index = position
             elif stale is None:
-                batch, sample_seconds = sample()  # teamtr: the current, partially updated team
+                batch, sample_seconds, batch_rng = sample()  # teamtr: the current, partially updated team
                 batch_index = position
             else:
-                batch, sample_seconds = stale, (stale_seconds if position == 0 else 0.0)
+                batch, sample_seconds, batch_rng = stale, (stale_seconds if position == 0 else 0.0), stale_rng
                 batch_index = 0
             weights = None
             if cfg.scheme == "happo":
@@ -632,6 +730,10 @@ def train(
             update_index += 1
             if hooks.on_update is not None:
                 hooks.on_update(log.updates[-1])
+            if hooks.at_update is not None:
+                point = UpdatePoint(stage, position, agents, batch, batch_rng, log.updates[-1], team, states)
+                if hooks.at_update(point):
+                    return log
         record: Metrics = {
             "rollout/stage": float(stage),
             "rollout/episodes": float(episodes),
@@ -677,6 +779,7 @@ def train(
 __all__ = [  # the trainer's API, with the names re-exported from .config, .protocols, .checkpoint and trajectories.rundir
     "SCHEMES",
     "AgentState",
+    "Branch",
     "BatchT",
     "CheckpointError",
     "ConfigMismatchError",
@@ -686,16 +789,19 @@ __all__ = [  # the trainer's API, with the names re-exported from .config, .prot
     "RolloutBatch",
     "Scheme",
     "TeamTRConfig",
+    "TeamSnapshot",
     "TrainHooks",
     "TrainLog",
     "TrainableTeam",
     "UpdateHook",
     "UpdateInputs",
+    "UpdatePoint",
     "agent_advantages",
     "compute_advantages",
     "credit_weights",
     "penalty_update",
     "team_loss",
     "train",
+    "train_until",
     "update_agents",
 ]
