@@ -5,6 +5,8 @@ and the refusal when the null check fails."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,3 +199,67 @@ def test_null_pair_prefers_naive_and_joint_indep() -> None:
     tables = seed_tables(few)
     assert null_status(tables["null_check"]) == "not run"
     assert "the verdicts below are unchecked" in "\n".join(verdict_section(tables, str, "its J", str))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# both experiments' analyses feed the section from their runs
+
+
+def test_llm_analysis_scores_each_run_by_its_held_out_success(tmp_path: Path) -> None:
+    from orchestra.experiments.llm.analysis import analyse
+    from orchestra.experiments.llm.config import LLMExperimentConfig
+    from orchestra.experiments.llm.report import summary_sections
+    from tests.test_experiment_llm import _rows
+
+    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive"), eval_tasks=20, seeds=8)
+    rng = np.random.default_rng(5)
+    frozen = np.repeat((rng.random((1, 20)) < 0.3).astype(float), 8, axis=0)
+    teamtr = (rng.random((8, 20)) < 0.5).astype(float)
+    naive = (rng.random((8, 20)) < 0.4).astype(float)
+    tables = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": teamtr, "naive": naive}), tmp_path)
+    row = next(r for r in tables["seed_verdicts"] if r["accounting"] == "equal_stages" and r["vs"] == "naive")
+    d = teamtr.mean(axis=1) - naive.mean(axis=1)  # one score per run: its share of the 20 tasks solved
+    assert row["family"] == "primary" and row["seeds"] == 8 and row["diff"] == pytest.approx(d.mean())
+    assert row["p"] == pytest.approx(sps.ttest_1samp(d, 0.0).pvalue)
+    null = tables["null_check"][0]
+    halves = naive.mean(axis=1)
+    assert (null["a"], null["b"]) == ("naive", "naive")
+    assert null["diff"] == pytest.approx((halves[:4] - halves[4:]).mean())
+    sections = summary_sections(cfg, tables, 0.0)
+    assert (
+        "## Verdicts over seeds" in sections["seeds"] and "(task level: descriptive only)" in sections["vs_frozen"][0]
+    )
+    reading = "\n".join(sections["reading"])
+    assert "Null check over seeds (naive against itself on disjoint seeds)" in reading
+    assert "Every sentence below is task level and descriptive only" in reading
+
+
+def test_chain_analysis_reads_j_at_the_largest_n(tmp_path: Path) -> None:
+    from orchestra.experiments.chain.analysis import analyse
+    from orchestra.experiments.chain.config import ChainExperimentConfig
+    from orchestra.experiments.chain.report import summary_sections
+    from orchestra.experiments.chain.run import RUN_FIELDS
+
+    cfg = ChainExperimentConfig.smoke(ns=(2, 3), schemes=("teamtr", "naive", "stale_indep"), seeds=8)
+    rng = np.random.default_rng(6)
+    final_j = {(n, sc, s): float(rng.uniform(0.3, 0.7)) for n in cfg.ns for sc in cfg.schemes for s in range(8)}
+    rows = []
+    for (n, scheme, seed), j in final_j.items():
+        last = cfg.stages_for(scheme, n)
+        for stage in range(last + 1):
+            row = {k: 0 for k in RUN_FIELDS} | dict(n=n, scheme=scheme, seed=seed, stage=stage)
+            per_stage = n * cfg.batch_size if scheme in ("teamtr", "stale_indep") else cfg.batch_size
+            row |= dict(J=j * stage / last, episodes=stage * per_stage, kl_max_ratio=math.nan)
+            row |= dict(drift_b=0.01, drift_d=0.01, stale_gap=0.0, certificate=math.nan)
+            rows.append(row)
+    tables = analyse(cfg, rows)
+    got = {(r["accounting"], r["vs"]): r for r in tables["seed_verdicts"]}
+    # naive runs 3 × 2 stages at n = 3: equal stages read it at stage 2 (a third of its final J), equal episodes at 6
+    d = [final_j[(3, "teamtr", s)] - final_j[(3, "naive", s)] / 3 for s in range(8)]
+    assert got[("equal_stages", "naive")]["diff"] == pytest.approx(np.mean(d))
+    assert got[("equal_stages", "stale_indep")]["family"] == "primary"
+    d_eps = [final_j[(3, "teamtr", s)] - final_j[(3, "naive", s)] for s in range(8)]
+    assert got[("equal_episodes", "naive")]["diff"] == pytest.approx(np.mean(d_eps))
+    assert got[("equal_episodes", "stale_indep")]["same_as"] == "equal_stages"  # read at the same stage: one test
+    text = "\n".join(summary_sections(cfg, tables, 0.0)["seeds"])
+    assert "## Verdicts over seeds" in text and "its exact J at n = 3" in text and "Holm over the 3 distinct" in text

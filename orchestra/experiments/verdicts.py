@@ -81,23 +81,23 @@ def seed_tables(readings: Readings, alpha: float = ALPHA) -> Tables:
         if a_name not in by or b_name not in by:
             continue
         check = null_check(by[a_name], by[b_name], alpha)
-        r = check.result
+        res = check.result
         row = dict(
             accounting=accounting,
             a=a_name,
             b=b_name,
             seeds_a=" ".join(map(str, check.seeds_a)),
             seeds_b=" ".join(map(str, check.seeds_b)),
-            pairs=len(r.diffs),
-            diff=r.diff,
-            lo=r.lo,
-            hi=r.hi,
-            sd=r.sd,
-            mde=r.mde,
-            p=r.p if len(r.diffs) >= MIN_PSEUDO_PAIRS else math.nan,
+            pairs=len(res.diffs),
+            diff=res.diff,
+            lo=res.lo,
+            hi=res.hi,
+            sd=res.sd,
+            mde=res.mde,
+            p=res.p if len(res.diffs) >= MIN_PSEUDO_PAIRS else math.nan,
             same_as="",
         )
-        key = (tuple(check.seeds_a), tuple(check.seeds_b), r.diffs)
+        key = (tuple(check.seeds_a), tuple(check.seeds_b), res.diffs)
         if key in seen_null:
             row["same_as"] = seen_null[key]["accounting"]
         else:
@@ -139,11 +139,11 @@ def seed_tables(readings: Readings, alpha: float = ALPHA) -> Tables:
                 per_seed=" ".join(f"{v:+.4f}" for v in d.diffs),
             )
             if primary:
-                key = (other, _key(by[REFERENCE], by[other]))
-                if key in seen:
-                    row["same_as"] = seen[key]["accounting"]
+                vkey = (other, _key(by[REFERENCE], by[other]))
+                if vkey in seen:
+                    row["same_as"] = seen[vkey]["accounting"]
                 else:
-                    seen[key] = row
+                    seen[vkey] = row
             verdict_rows.append(row)
     family = [r for r in verdict_rows if r["family"] == "primary" and not r["same_as"]]
     for r, h in zip(family, holm([r["p"] for r in family], alpha), strict=True):
@@ -175,11 +175,16 @@ def null_status(rows: Sequence[Row]) -> str:
 
 
 def verdict_section(
-    tables: Tables, fmt: Callable[[float], str], what: str, accounting_text: Callable[[str], str]
+    tables: Tables,
+    fmt: Callable[[float], str],
+    what: str,
+    accounting_text: Callable[[str], str],
+    level: Callable[[float], str] | None = None,
 ) -> list[str]:
     """The report's section "Verdicts over seeds" (null check, primary family, secondary comparisons, MDE, IQM).
-    ``fmt`` writes a score or a difference; ``what`` says what one run's score is; ``accounting_text`` names an
-    accounting."""
+    ``fmt`` writes a difference, ``level`` a score (default ``fmt``); ``what`` says what one run's score is;
+    ``accounting_text`` names an accounting."""
+    level = level or fmt
     nulls, rows, iqms = tables["null_check"], tables["seed_verdicts"], tables["seed_iqm"]
     status = null_status(nulls)
     lines = [
@@ -187,7 +192,7 @@ def verdict_section(
         "",
         f"A run is the unit: one score per (configuration, seed), {what}. Same seed = same initial team and trainer "
         "seed, so scheme comparisons are paired over seeds: Δ = mean of the per-seed differences, 95% t interval over "
-        "seeds and paired t-test p (scipy); MDE = the smallest true Δ that test detects with 80% power at α = 0.05 "
+        "seeds (per comparison, not adjusted for the family) and paired t-test p (scipy); MDE = the smallest true Δ that test detects with 80% power at α = 0.05 "
         "from the observed SD of the differences (statsmodels' TTestPower): a Δ inside ±MDE that the test misses is "
         "neither shown nor ruled out. Task-level figures elsewhere in this report are descriptive only.",
         "",
@@ -205,7 +210,7 @@ def verdict_section(
             *(
                 f"| {accounting_text(r['accounting'])} | {r['seeds_a']} | {r['seeds_b']} | {r['pairs']} | "
                 f"{fmt(r['diff'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] | {pval(r['p'])} | {pval(r['p_holm'])} | "
-                f"{fmt(r['mde'])} | {r['passes']}"
+                f"{fmt(r['mde']).lstrip('+')} | {r['passes']}"
                 + (f" (same reading as {accounting_text(r['same_as'])})" if r["same_as"] else "")
                 + " |"
                 for r in nulls
@@ -242,7 +247,7 @@ def verdict_section(
             per_seed = " ".join(fmt(float(v)) for v in r["per_seed"].split())
             out.append(
                 f"| {accounting_text(r['accounting'])} | {r['scheme']} − {r['vs']} | {r['seeds']} | {fmt(r['diff'])} | "
-                f"[{fmt(r['lo'])}, {fmt(r['hi'])}] | {fmt(r['mde'])} | {p} | {r['verdict']} | {per_seed} |"
+                f"[{fmt(r['lo'])}, {fmt(r['hi'])}] | {fmt(r['mde']).lstrip('+')} | {p} | {r['verdict']} | {per_seed} |"
             )
         return out + [""]
 
@@ -271,8 +276,8 @@ def verdict_section(
         "| accounting | configuration | seeds | mean | IQM | 95% CI |",
         "|---|---|---:|---:|---:|---|",
         *(
-            f"| {accounting_text(r['accounting'])} | {r['configuration']} | {r['seeds']} | {fmt(r['mean'])} | "
-            f"{fmt(r['iqm'])} | [{fmt(r['lo'])}, {fmt(r['hi'])}] |"
+            f"| {accounting_text(r['accounting'])} | {r['configuration']} | {r['seeds']} | {level(r['mean'])} | "
+            f"{level(r['iqm'])} | [{level(r['lo'])}, {level(r['hi'])}] |"
             for r in iqms
         ),
         "",
