@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from orchestra.experiments.chain.config import ChainExperimentConfig
+from orchestra.experiments.verdicts import seed_tables
 
 REGRESSION_THRESHOLDS = (0.01, 0.001)  # a stage "regresses" when exact J falls by more than this
 
@@ -159,7 +160,9 @@ def run_curves(rows: Sequence[dict[str, Any]]) -> dict[Key, list[dict[str, Any]]
 
 
 def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Tables from the ``runs.csv`` rows: ``final`` (both accountings), ``regressions``, ``drift``, ``alpha``."""
+    """Tables from the ``runs.csv`` rows: ``final`` (both accountings), ``regressions``, ``drift``, ``alpha``, ``trust``,
+    ``certificate``, ``paired`` and the verdicts over seeds at the largest n (``seed_iqm``, ``seed_verdicts``,
+    ``null_check``: :func:`~orchestra.experiments.verdicts.seed_tables`)."""
     runs = run_curves(rows)
     seeds = range(cfg.seeds)
     final: list[dict[str, Any]] = []
@@ -275,6 +278,7 @@ def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[
         "trust": trust,
         "certificate": certificate_table(rows, cfg.schemes),
         "paired": paired_tests(picks, max(cfg.ns)),
+        **seed_tables(picks),  # the verdicts over seeds, at the largest n (orchestra/experiments/verdicts.py)
     }
     tables["checks"] = acceptance_checks(cfg, tables)
     return tables

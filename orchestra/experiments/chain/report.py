@@ -13,7 +13,8 @@ import numpy as np
 
 from orchestra.experiments.chain.analysis import REGRESSION_THRESHOLDS, run_curves
 from orchestra.experiments.chain.config import ChainExperimentConfig
-from orchestra.experiments.harness import Sections, cell, pval
+from orchestra.experiments.harness import Sections, cell
+from orchestra.experiments.verdicts import verdict_section
 
 
 def _pivot(
@@ -37,7 +38,7 @@ def summary_sections(
     cfg: ChainExperimentConfig, tables: dict[str, list[dict[str, Any]]], seconds: float, reused: int = 0, total: int = 0
 ) -> Sections:
     """``summary.md`` as named sections of lines, in order: ``header``, then per accounting (``equal_stages``,
-    ``equal_episodes``) ``J:…``, ``paired:…`` and ``stages:…``, then ``regressions``, ``drift``, ``alpha``, ``trust``,
+    ``equal_episodes``) ``J:…``, ``paired:…`` and ``stages:…``, then ``seeds`` (the verdicts over seeds), ``regressions``, ``drift``, ``alpha``, ``trust``,
     ``checks`` and ``files``. A caller can show some of them (the demo prints the equal-stage J and the checks)."""
     n_max = max(cfg.ns)
     out: Sections = {}
@@ -75,20 +76,23 @@ def summary_sections(
         tests = [r for r in tables.get("paired", []) if r["accounting"] == accounting]
         if tests:
             out[f"paired:{accounting}"] += [
-                f"At n = {tests[0]['n']}: teamtr − each scheme, paired over seeds (paired t-test, scipy; Holm across "
-                "the comparisons, statsmodels):",
+                f"At n = {tests[0]['n']}: teamtr − each scheme, paired over seeds, descriptive (the verdicts, with the "
+                "declared primary family and the null check, are under Verdicts over seeds):",
                 "",
-                "| vs | seeds | teamtr − it (mean ± SE) | p | p (Holm) |",
-                "|---|---:|---:|---:|---:|",
-                *(
-                    f"| {r['vs']} | {r['seeds']} | {cell(r['diff_mean'], 3)} ± {cell(r['diff_se'], 3)} | "
-                    f"{pval(r['p'])} | {pval(r['p_holm'])} |"
-                    for r in tests
-                ),
+                "| vs | seeds | teamtr − it (mean ± SE) |",
+                "|---|---:|---:|",
+                *(f"| {r['vs']} | {r['seeds']} | {cell(r['diff_mean'], 3)} ± {cell(r['diff_se'], 3)} |" for r in tests),
                 "",
             ]
         out[f"stages:{accounting}"] = ["Stage read (mean) and cumulative episodes:", ""]
         out[f"stages:{accounting}"] += _pivot(tables["final"], cfg, stage_cell, accounting) + [""]
+    if tables.get("seed_verdicts") or tables.get("null_check"):
+        out["seeds"] = verdict_section(
+            tables,
+            lambda v: cell(v, 3),
+            f"its exact J at n = {n_max} (the largest chain length), read at the accounting's stage",
+            lambda accounting: accounting.replace("_", " "),
+        )
     lines: list[str] = []
     for thr in REGRESSION_THRESHOLDS:
         lines += [
@@ -179,7 +183,7 @@ def summary_sections(
     ]
     out["files"] = [
         "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `trust.csv`, `certificate.csv`, "
-        "`paired.csv`, "
+        "`paired.csv`, `seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
         "`checks.csv`, "
         "`learning_curves.png`, `drift.png`.",
         "",

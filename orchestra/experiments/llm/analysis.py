@@ -6,8 +6,10 @@ d_t = mean over seeds of (x_A,s,t − x_B,s,t); the table reports mean(d), its t
 (statsmodels' ``DescrStatsW.tconfint_mean``) and the one-sample t-test p (scipy), Holm-adjusted across
 the table's comparisons at that accounting (statsmodels). That interval is over tasks with the trained teams held
 fixed: it says how sure we are of the effect of THESE trained adapters on the task distribution, not how a fresh
-training seed would do. The seed-level view sits beside it: the per-seed mean differences and the t-test over seeds
-(df = seeds − 1), which is the test of "training with this scheme helps".
+training seed would do, so the task-level tables are descriptive only. The verdicts are over seeds (a run is the
+unit; :mod:`orchestra.experiments.verdicts`): ``seed_verdicts`` (the primary family teamtr − naive and
+teamtr − stale_indep, Holm-corrected together across the accountings; the rest secondary), ``null_check`` and
+``seed_iqm``, from each run's held-out success.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
+from orchestra.experiments.verdicts import seed_tables
 
 ACCOUNTINGS = ("equal_stages", "equal_episodes", "equal_updates")
 MEASURES = ("success", "return")
@@ -183,8 +186,9 @@ def mechanism(training: Sequence[dict[str, Any]], schemes: Sequence[str]) -> lis
 def analyse(
     cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], runs_dir: Path
 ) -> dict[str, list[dict[str, Any]]]:
-    """Every table: ``final`` (each scheme at each accounting), ``vs_frozen``, ``pairwise``, ``curves`` (held-out
-    success per evaluation stage) and ``training`` (training-batch reward per update)."""
+    """Every table: ``final`` (each scheme at each accounting), ``vs_frozen``, ``pairwise`` (task level,
+    descriptive), ``curves`` (held-out success per evaluation stage), ``training`` (training-batch reward per update)
+    and the verdicts over seeds (``seed_iqm``, ``seed_verdicts``, ``null_check``)."""
     n_tasks, seeds = cfg.eval_tasks, cfg.seeds
     schemes = [FROZEN, *cfg.schemes]
     final: list[dict[str, Any]] = []
@@ -253,6 +257,15 @@ def analyse(
             )
         )
     training = training_curves(runs_dir, cfg)
+    # the verdicts over seeds: one score per run, its held-out success (the mean over the tasks of its evaluation)
+    readings = {
+        accounting: {
+            scheme: {s: float(mat[s].mean()) for s in range(seeds)}
+            for scheme in schemes
+            if (mat := mats.get((accounting, scheme, "success"))) is not None
+        }
+        for accounting in ACCOUNTINGS
+    }
     return dict(
         final=final,
         vs_frozen=vs_frozen,
@@ -261,6 +274,7 @@ def analyse(
         headroom=headroom(rows),
         training=training,
         mechanism=mechanism(training, cfg.schemes),
+        **seed_tables({a: by for a, by in readings.items() if by}),
     )
 
 

@@ -13,6 +13,7 @@ import numpy as np
 from orchestra.experiments.harness import FULL_VOLUME, Sections, cell, pval
 from orchestra.experiments.llm.analysis import ACCOUNTINGS, acceptance
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
+from orchestra.experiments.verdicts import null_status, verdict_section
 
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",
@@ -94,8 +95,10 @@ def _final(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) ->
 
 def _paired(title: str, table: Sequence[dict[str, Any]], cfg: LLMExperimentConfig, against: str | None) -> list[str]:
     lines = [
-        f"## {title}",
+        f"## {title} (task level: descriptive only)",
         "",
+        "Descriptive: these intervals and tests hold the trained adapters fixed and read run-to-run variation as an "
+        "effect; the verdicts are under Verdicts over seeds. "
         "Δ = mean over tasks of the seed-averaged per-task difference, in points of success (×100) or in return; "
         "95% t interval over tasks; p: one-sample t-test over tasks (scipy), Holm-adjusted within each "
         "accounting and measure (statsmodels). Per seed: the mean difference of each seed; p (seeds): t-test over "
@@ -141,6 +144,11 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
         lines.append(
             f"- The frozen team solves {frozen['success']:.1%} of the held-out tasks ({band} the 20–60% band)."
         )
+    lines += _seed_reading(cfg, tables)
+    lines.append(
+        "- Every sentence below is task level and descriptive only: the trained adapters held fixed, so run-to-run "
+        "variation reads as an effect there; no verdict about the schemes is drawn from it."
+    )
     for accounting in ACCOUNTINGS:
         row = next(
             (
@@ -250,6 +258,28 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
     return lines
 
 
+def _seed_reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The verdicts over seeds in a sentence each: the null check, then the primary family."""
+    nulls, rows = tables.get("null_check", []), tables.get("seed_verdicts", [])
+    status = null_status(nulls)
+    lines = []
+    if nulls:
+        a, b = nulls[0]["a"], nulls[0]["b"]
+        lines.append(
+            f"- Null check over seeds ({a} against {b if a != b else 'itself'} on disjoint seeds): {status}"
+            + (": every verdict over seeds is refused." if status == "FAILS" else ".")
+        )
+    for r in rows:
+        if r["family"] != "primary" or r["same_as"]:
+            continue
+        lines.append(
+            f"- Primary, over {r['seeds']} seeds at {_acc_text(cfg, r['accounting'])}: {r['scheme']} − {r['vs']} "
+            f"{_pct(r['diff'])} points [{_pct(r['lo'])}, {_pct(r['hi'])}], Holm p {pval(r['p_holm'])}, MDE "
+            f"{_pct(r['mde']).lstrip('+')} points: {r['verdict']}."
+        )
+    return lines
+
+
 def _freshness_control(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
     """The ``stale_indep`` control against teamtr, where both ran: the same episodes and updates per worker, each
     worker learning from a batch of its own, differing only in who sampled it (teamtr: the team with the previous
@@ -333,10 +363,18 @@ def summary_sections(
     missing: Sequence[tuple[str, int, int]] = (),
 ) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
-    yet), final, vs_frozen, pairwise, reading, files."""
+    yet), final, seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
     return {
         "setting": _setting(cfg, seconds) + _interim(missing),
         "final": _final(cfg, tables),
+        "seeds": verdict_section(
+            tables,
+            _pct,
+            f"its held-out success (the share of the {cfg.eval_tasks} held-out tasks it solves at the accounting's "
+            "stage, in points)",
+            lambda accounting: accounting.replace("_", " "),
+            level=lambda v: "—" if math.isnan(v) else f"{100 * v:.1f}",
+        ),
         "vs_frozen": _paired("Against the frozen team", tables["vs_frozen"], cfg, FROZEN),
         "pairwise": _paired("Between schemes", tables["pairwise"], cfg, None),
         "reading": _reading(cfg, tables),
@@ -344,6 +382,7 @@ def summary_sections(
             "![held-out success and training reward against sampled episodes](learning_curves.png)",
             "",
             "Files (in the benchmark's `--out` directory): `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
+            "`seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
             "`curves.csv`, `headroom.csv`, `training.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
             "metrics and checkpoints).",
             "",
