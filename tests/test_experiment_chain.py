@@ -138,7 +138,7 @@ def test_smoke_run_writes_every_file(chain_dir: Path) -> None:
         assert heading in text
     assert "Trust region" in text and "Acceptance criteria" in text
     # 2 seeds: the verdicts over seeds are there, but no null check can be run (it needs 4 seeds of one scheme)
-    assert "## Verdicts over seeds" in text and "**Null check: not run**" in text and "**Primary family**" in text
+    assert "## Verdicts over seeds" in text and "**Null check: not run." in text and "**Primary family**" in text
 
 
 def test_trust_region_accounting(chain_dir: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from orchestra.experiments.harness import episode_stage
 from orchestra.teamtr.chain import ChainConfig, pass_for_success
 from orchestra.teamtr.config import CHAIN_TRAINER, SCHEMES, Scheme, TeamTRConfig, derive_seed
-from trajectories.rundir import config_json
+from trajectories.rundir import ABSENT, config_differences, config_json
 
 # controls that are not trainer schemes: naive with n × the batch (equal episodes per stage, every one stale)
 CHAIN_VARIANTS: tuple[str, ...] = ("naive_bigB",)
@@ -108,8 +108,7 @@ class ChainExperimentConfig:
             cfg = cls(**{**fields(data), "trainer": TeamTRConfig(**fields(data["trainer"]))})
         except (KeyError, TypeError) as e:
             raise ValueError(f"not a chain experiment config: {e}") from e
-        written = cfg.to_json()
-        if any(written[k] != v for k, v in data.items()):
+        if [d for d in config_differences(data, cfg) if d.saved != ABSENT]:  # a field the file lacks: its default
             raise ValueError("the chain experiment config does not read back to the JSON it came from")
         return cfg
 
