@@ -239,14 +239,9 @@ def write_rows(path: Path, rows: Sequence[dict[str, Any]], *, append: bool = Fal
 def machine_line() -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from orchestra.backends.llamacpp_build import cpu_info
+
+    cpu, _ = cpu_info()
     return f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}), torch {torch.get_num_threads()} threads"
 
 

@@ -43,14 +43,9 @@ import yaml  # noqa: E402
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from orchestra.backends.llamacpp_build import cpu_info
+
+    cpu, _ = cpu_info()
     import llama_cpp
 
     return (

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -45,14 +44,9 @@ def machine(device: str) -> str:
     """One line naming the machine: the CPU model and cores, or the GPU."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from orchestra.backends.llamacpp_build import cpu_info
+
+    cpu, _ = cpu_info()
     return f"{cpu}, {len(os.sched_getaffinity(0))} cores, torch {torch.__version__}"
 
 
