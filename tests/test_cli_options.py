@@ -121,7 +121,13 @@ def _roots() -> dict[tuple[str, ...], Any]:
     from orchestra.jobs.demo import DemoConfig
     from orchestra.jobs.doctor import DoctorConfig
     from orchestra.jobs.evaluate import EvaluateConfig
-    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, FreshnessJob, LLMExperimentJob
+    from orchestra.jobs.experiment import (
+        ChainExperimentJob,
+        ChainRegimeJob,
+        FreshnessJob,
+        LLMExperimentJob,
+        LLMTuneJob,
+    )
     from orchestra.jobs.finetune import FinetuneConfig
     from orchestra.jobs.inspect import ExportConfig
     from orchestra.jobs.phase1 import ReproduceConfig
@@ -137,6 +143,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("experiment", "chain"): ChainExperimentJob(),
         ("experiment", "chain-regime"): ChainRegimeJob(),
         ("experiment", "llm"): LLMExperimentJob(),
+        ("experiment", "llm-tune"): LLMTuneJob(),
         ("experiment", "freshness"): FreshnessJob(),
         ("dataset", "build"): DatasetBuildConfig,
         ("train",): TrainConfig,

@@ -157,6 +157,15 @@ def test_trust_region_accounting(chain_dir: Path) -> None:
         for key in ("agent_updates", "accepted", "bound"):
             assert int(trust[scheme][key]) == sum(int(r[key]) for r in mine), (scheme, key)
     assert sum(int(t["bound"]) for t in trust.values()) > 0  # lr 3e-2 with δ 0.03: the full step often breaks δ
+    # optimizer steps kept: at most epochs × minibatches per agent-update, and what the report's table shows
+    per_update = SMOKE.trainer.num_epochs * SMOKE.trainer.num_minibatches
+    summary = (chain_dir / "summary.md").read_text()
+    for scheme, t in trust.items():
+        mine = [r for r in runs if r["scheme"] == scheme]
+        assert float(t["steps"]) == pytest.approx(sum(float(r["steps"]) for r in mine))
+        assert 0 < float(t["steps"]) <= per_update * int(t["agent_updates"])
+        steps = float(t["steps"]) / int(t["agent_updates"])
+        assert f"| {scheme} | {t['agent_updates']} | {steps:.2f} | {t['accepted']} |" in summary
     checks = {r["criterion"]: r for r in _csv(chain_dir / "checks.csv")}
     assert checks["teamtr: accepted updates with KL ≤ δ"]["ok"] == "True"
     assert checks["drift (b) naive / teamtr at n = 3"]["ok"] == "n/a"  # only decided at n = 8
@@ -168,16 +177,27 @@ def test_trust_counts_by_hand() -> None:
         "agent/a/delta": 0.01,
         "agent/a/accepted": 0.0,
         "agent/a/early_stopped": 1.0,
+        "agent/a/optimizer_steps": 0.0,
         "agent/b/kl_trust": 0.005,
         "agent/b/delta": 0.01,
         "agent/b/accepted": 1.0,
         "agent/b/early_stopped": 1.0,
+        "agent/b/optimizer_steps": 1.0,
     }
     got = trust_counts(
-        [u, {"agent/a/kl_trust": 0.012, "agent/a/delta": 0.01, "agent/a/accepted": 1.0, "agent/a/early_stopped": 0.0}],
+        [
+            u,
+            {
+                "agent/a/kl_trust": 0.012,
+                "agent/a/delta": 0.01,
+                "agent/a/accepted": 1.0,
+                "agent/a/early_stopped": 0.0,
+                "agent/a/optimizer_steps": 2.0,
+            },
+        ],
         ("a", "b"),
     )
-    assert got == dict(agent_updates=3, accepted=2, bound=2, kl_over=1, kl_max_ratio=pytest.approx(1.2))
+    assert got == dict(agent_updates=3, steps=3.0, accepted=2, bound=2, kl_over=1, kl_max_ratio=pytest.approx(1.2))
 
 
 def test_drift_matches_chain_functions_on_the_same_snapshots(chain_dir: Path) -> None:

@@ -24,6 +24,14 @@ from trajectories.rundir import ConfigMismatchError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 SMOKE = LLMExperimentConfig.smoke()
+# the analysis tests' setting, independent of the experiment's defaults: 6 stages (12 for equal episodes and the
+# equal-updates control), 3 seeds
+SIX = replace(
+    LLMExperimentConfig(),
+    trainer=replace(LLMExperimentConfig().trainer, num_stages=6),
+    seeds=3,
+    equal_updates_control=True,
+)
 
 
 def _csv(path: Path) -> list[dict[str, str]]:
@@ -36,7 +44,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 
 
 def test_accountings_and_evaluation_stages() -> None:
-    cfg = LLMExperimentConfig()  # 2 trainable workers, 8 stages
+    cfg = SIX  # 2 trainable workers
     assert cfg.n_agents == 2 and cfg.num_stages == 6
     assert cfg.episode_stage("teamtr") == 6 and cfg.episode_stage("stale_indep") == 6
     assert cfg.episode_stage("naive") == cfg.episode_stage("joint") == cfg.episode_stage("happo") == 12
@@ -57,6 +65,14 @@ def test_accountings_and_evaluation_stages() -> None:
     )
     assert cfg.team_config(0).seed != cfg.team_config(1).seed and cfg.team_config(0).eval_tasks == 0
     assert cfg.trainer_config("naive", 0, 3).num_stages == 3 and cfg.trainer_config("naive", 0).scheme == "naive"
+    # per-scheme learning rates (the tuning's choice) override trainer.lr for the schemes they name only
+    tuned = replace(cfg, lr_by_scheme=("naive=1e-3",))
+    assert tuned.trainer_config("naive", 0).lr == 1e-3 and tuned.trainer_config("teamtr", 0).lr == cfg.trainer.lr
+    for bad in ("naive", "naive=x", "nope=1e-3", "naive=-1", "naive=0"):
+        with pytest.raises(ValueError, match="lr_by_scheme"):
+            replace(cfg, lr_by_scheme=(bad,))
+    with pytest.raises(ValueError, match="lr_by_scheme"):
+        replace(cfg, lr_by_scheme=("naive=1e-3", "naive=3e-4"))
 
 
 @pytest.mark.parametrize(
@@ -137,7 +153,7 @@ def _rows(cfg: LLMExperimentConfig, outcome: dict[str, Any]) -> list[dict[str, A
 
 
 def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
-    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    cfg = replace(SIX, schemes=("teamtr", "naive"), eval_tasks=200)
     rng = np.random.default_rng(1)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)  # greedy: the same for every seed
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.2).astype(float))
@@ -188,7 +204,7 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
 def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path) -> None:
     """Both schemes gain only with 12 updates per worker: naive's lead at equal episodes (its 12 updates against
     teamtr's 6) vanishes at equal updates, and the reading says so; a gain teamtr keeps at equal updates survives."""
-    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive"), eval_tasks=200)
+    cfg = replace(SIX, schemes=("teamtr", "naive"), eval_tasks=200)
     rng = np.random.default_rng(2)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
@@ -226,7 +242,7 @@ def test_freshness_control_reads_teamtr_against_stale_indep(tmp_path: Path) -> N
     """stale_indep (per-worker stale batches) gains at 12 updates, teamtr does not: the reading names the freshness
     control at equal updates with the sign of teamtr − stale_indep and each seed's; at equal stages (both alike) it
     says no difference survives. Without stale_indep in the run there is no such sentence."""
-    cfg = replace(LLMExperimentConfig(), schemes=("teamtr", "naive", "stale_indep"), eval_tasks=200)
+    cfg = replace(SIX, schemes=("teamtr", "naive", "stale_indep"), eval_tasks=200)
     rng = np.random.default_rng(3)
     frozen = np.repeat((rng.random((1, 200)) < 0.3).astype(float), 3, axis=0)
     better = np.maximum(frozen, (rng.random((3, 200)) < 0.3).astype(float))
@@ -316,6 +332,11 @@ def test_smoke_run_writes_every_file_and_evaluation(smoke_dir: Path) -> None:
         assert float(mech[scheme]["acted_share"]) == pytest.approx(sum(acted) / len(acted))
         assert max(steps) > 1
     summary = (smoke_dir / "summary.md").read_text()
+    for scheme, r in mech.items():  # the report's mechanism table is mechanism.csv
+        row = (
+            f"| {scheme} | {r['agent_updates']} | {float(r['steps_per_update']):.2f} | {float(r['acted_share']):.0%} |"
+        )
+        assert row in summary.split("## What the update mechanism did")[1]
     for needle in (
         "Against the frozen team",
         "Between schemes",

@@ -1,4 +1,4 @@
-"""``orchestra experiment chain | llm | freshness``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`),
+"""``orchestra experiment chain | chain-regime | llm | llm-tune | freshness``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`),
 TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team, and the paired freshness
 experiment on the chain."""
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 
 def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, FreshnessJob, LLMExperimentJob
+    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, FreshnessJob, LLMExperimentJob, LLMTuneJob
 
     esub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     q = esub.add_parser(
@@ -110,6 +110,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("experiment.trainer.num_epochs", "--epochs"),
             Opt("experiment.trainer.num_minibatches", "--minibatches"),
             Opt("experiment.trainer.lr", "--lr"),
+            Opt("experiment.lr_by_scheme", "--lr-by-scheme", metavar="SCHEME=LR"),
             Opt("experiment.trainer.delta", "--delta", type=float, help="per-agent trust-region KL budget δ"),
             *team_options("experiment.team"),
             Opt("experiment.team.workers", "--workers"),
@@ -124,6 +125,32 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         ],
     )
     f.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, teamtr vs naive, 1 seed")
+    t = esub.add_parser(
+        "llm-tune",
+        help="the real-LLM experiment's learning rate per scheme, one validation protocol for every scheme: a grid, "
+        "the same budget, the mechanism's figures per learning rate",
+        description=LLM_TUNE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    add_options(
+        t,
+        LLMTuneJob(),
+        [
+            "out",
+            Opt("report", "--report"),
+            Opt("tune.lrs", "--lrs"),
+            Opt("tune.experiment.schemes", "--schemes"),
+            Opt("tune.experiment.seeds", "--seeds"),
+            Opt("tune.experiment.eval_tasks", "--eval-tasks"),
+            Opt("tune.experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
+            Opt("tune.experiment.seed", "--seed"),
+            "threads",
+            Opt("progress", "--quiet", help="no progress output"),
+            "report_only",
+        ],
+    )
+    t.add_argument("--smoke", action="store_true", help="tiny preset: random-init tiny model, 2 learning rates")
     r = esub.add_parser(
         "freshness",
         help="paired freshness experiment on the chain: the last worker updated on a stale vs a fresh batch (CRN), "
@@ -172,6 +199,18 @@ Tune settings with --eval-split validation; report the test split once per relea
 """
 
 
+LLM_TUNE_DESCRIPTION = """\
+One hyperparameter-selection protocol for every scheme of `orchestra experiment llm`: each scheme runs the same
+validation experiment (same seeds, tasks and stages; equal sampled episodes) once per learning rate of the grid, and
+per scheme the learning rate with the highest validation success is chosen (ties: the smaller one). Each run also
+reports what the mechanism did: steps per update, the share of updates in which the trust region acted, KL / delta
+and the clip fraction during the steps.
+
+Writes OUT/lr-LR/ (each an `orchestra experiment llm` run directory), OUT/tuning.csv, OUT/selection.json (with the
+--lr-by-scheme flags that run the experiment with the choice) and OUT/summary.md. Resumable.
+"""
+
+
 FRESHNESS_DESCRIPTION = """\
 TeamTR's claim in its purest form, on the telephone chain. Per replicate pair: a warm-started chain of n agents;
 workers 0..n-2 updated in order on one stale batch S (scheme naive), the trainer stopped right after worker n-2's
@@ -193,15 +232,18 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     from orchestra.experiments.chain.config import ChainExperimentConfig
     from orchestra.experiments.freshness.config import FreshnessConfig
     from orchestra.experiments.llm.config import LLMExperimentConfig
+    from orchestra.experiments.llm.tune import LLMTuneConfig
     from orchestra.jobs.experiment import (
         ChainExperimentJob,
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
+        LLMTuneJob,
         run_chain_job,
         run_chain_regime_job,
         run_freshness_job,
         run_llm_job,
+        run_llm_tune_job,
     )
 
     if a.experiment == "chain-regime":
@@ -216,6 +258,9 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     if a.experiment == "freshness":
         fresh = FreshnessJob(experiment=FreshnessConfig.smoke()) if a.smoke else FreshnessJob()
         run = partial(run_freshness_job, build(fresh, a))
+    elif a.experiment == "llm-tune":
+        tune = LLMTuneJob(tune=LLMTuneConfig.smoke()) if a.smoke else LLMTuneJob()
+        run = partial(run_llm_tune_job, build(tune, a))
     elif a.experiment == "llm":
         llm = LLMExperimentJob(experiment=LLMExperimentConfig.smoke()) if a.smoke else LLMExperimentJob()
         run = partial(run_llm_job, build(llm, a))

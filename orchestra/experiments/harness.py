@@ -22,7 +22,7 @@ import csv
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -80,18 +80,20 @@ def write_rows(path: Path, rows: Iterable[Row], fields: Sequence[str], *, nan: s
             w.writerow({k: _cell_text(r[k], nan) for k in fields})
 
 
-def read_rows(path: Path, columns: Mapping[str, Callable[[str], Any]]) -> list[Row]:
+def read_rows(path: Path, columns: Mapping[str, Callable[[str], Any]], optional: Collection[str] = ()) -> list[Row]:
     """The rows of a rows file, each column read back by its parser (ValueError naming the file, or its line for a
-    damaged row)."""
+    damaged row). A column of ``optional`` (one added after files were written) may be missing: it reads as its
+    parser reads an empty cell."""
     rows: list[Row] = []
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        missing = [k for k in columns if k not in (reader.fieldnames or [])]
+        have = set(reader.fieldnames or [])
+        missing = [k for k in columns if k not in have and k not in optional]
         if missing:
             raise ValueError(f"{path}: lacks the columns {missing}; use another output directory")
         for line, r in enumerate(reader, start=2):
             try:
-                rows.append({k: parse(r[k]) for k, parse in columns.items()})
+                rows.append({k: parse(r[k] if k in have else "") for k, parse in columns.items()})
             except (TypeError, ValueError) as e:
                 raise ValueError(f"{path}:{line}: a damaged row ({e}); delete the line to re-run its cell") from e
     return rows
@@ -103,7 +105,7 @@ class RowLog(Generic[K]):
 
     ``columns``: each column and how its text is read back; ``key``: a row's cell; ``complete``: the cells complete
     among some rows; ``nan``: how a NaN is written (:func:`write_rows`); ``resume=False`` starts the file afresh
-    whatever it holds. Opening drops the rows of a cell cut short from the file (written aside and swapped in, so the
+    whatever it holds; ``optional``: columns an older file may lack (:func:`read_rows`). Opening drops the rows of a cell cut short from the file (written aside and swapped in, so the
     complete ones are never at risk)."""
 
     def __init__(
@@ -115,9 +117,10 @@ class RowLog(Generic[K]):
         *,
         nan: str,
         resume: bool = True,
+        optional: Collection[str] = (),
     ) -> None:
         self.path, self.columns, self.nan = path, columns, nan
-        rows = read_rows(path, columns) if resume and path.exists() else []
+        rows = read_rows(path, columns, optional) if resume and path.exists() else []
         self.done: set[K] = complete(rows)
         self.rows: list[Row] = [r for r in rows if key(r) in self.done]
         partial = path.with_suffix(".csv.tmp")

@@ -14,6 +14,7 @@ from orchestra.experiments.chain.regime import BudgetRule
 from orchestra.experiments.freshness.config import FreshnessConfig
 from orchestra.experiments.harness import ExperimentResult, stderr_say
 from orchestra.experiments.llm.config import LLMExperimentConfig
+from orchestra.experiments.llm.tune import LLMTuneConfig
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,39 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
 
 
 @dataclass(frozen=True)
+class LLMTuneJob:
+    """``orchestra experiment llm-tune``: the tuning config, its run directory and the torch threads."""
+
+    tune: LLMTuneConfig = field(default_factory=LLMTuneConfig)  # the validation experiment and the learning-rate grid
+    out: str = "runs/experiment_llm_tune"  # output directory (an existing one of the same config is resumed)
+    # also write summary.md here, tuning.csv beside it as {stem}.csv and selection.json as {stem}_selection.json
+    report: str | None = None
+    threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
+    progress: bool = True  # one line per evaluation and run on stderr
+    # train and play nothing: the table and choice from the evaluations already in OUT
+    report_only: bool = False
+
+
+def run_llm_tune_job(job: LLMTuneJob) -> ExperimentResult:
+    import shutil
+
+    import torch
+
+    from orchestra.experiments.llm.tune import run_llm_tuning
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    result = run_llm_tuning(job.tune, job.out, say=stderr_say(job.progress), play=not job.report_only)
+    if job.report:
+        report = Path(job.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.summary.read_text())
+        shutil.copyfile(Path(job.out) / "tuning.csv", report.with_suffix(".csv"))
+        shutil.copyfile(Path(job.out) / "selection.json", report.parent / f"{report.stem}_selection.json")
+    return result
+
+
+@dataclass(frozen=True)
 class FreshnessJob:
     """``orchestra experiment freshness``: the experiment's config, its run directory and where its report goes."""
 
@@ -146,10 +180,12 @@ __all__ = [
     "ChainRegimeJob",
     "FreshnessJob",
     "LLMExperimentJob",
+    "LLMTuneJob",
     "chain_regime_command",
     "publish",
     "run_chain_job",
     "run_chain_regime_job",
     "run_freshness_job",
     "run_llm_job",
+    "run_llm_tune_job",
 ]

@@ -267,7 +267,7 @@ def analyse(cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]]) -> dict[
     trust: list[dict[str, Any]] = []
     for scheme in cfg.schemes:
         sel = [r for r in rows if r["scheme"] == scheme and r["stage"] > 0]
-        tot = {k: sum(r[k] for r in sel) for k in ("agent_updates", "accepted", "bound", "kl_over")}
+        tot = {k: sum(r[k] for r in sel) for k in ("agent_updates", "steps", "accepted", "bound", "kl_over")}
         ratios = [r["kl_max_ratio"] for r in sel if r["accepted"] and math.isfinite(r["kl_max_ratio"])]
         trust.append(dict(scheme=scheme, **tot, kl_max_ratio=max(ratios, default=math.nan)))
     tables = {

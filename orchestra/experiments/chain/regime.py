@@ -35,7 +35,7 @@ import numpy as np
 
 from orchestra.experiments.chain.analysis import equal_episode_stage, run_curves
 from orchestra.experiments.chain.config import ChainExperimentConfig
-from orchestra.experiments.chain.run import RUN_COLUMNS
+from orchestra.experiments.chain.run import RUN_COLUMNS, RUN_OPTIONAL
 from orchestra.experiments.harness import cell, read_rows, write_rows
 from orchestra.report.stats import paired_mean
 from orchestra.teamtr.config import CHAIN_TRAINER
@@ -105,6 +105,7 @@ def seed_readings(rows: Sequence[dict[str, Any]], budget: int) -> list[dict[str,
                     stage=idx,
                     episodes=curve[idx]["episodes"],
                     agent_updates=sum(r["agent_updates"] for r in done),
+                    steps=sum(r["steps"] for r in done),  # NaN for a runs.csv older than the column
                     bound=sum(r["bound"] for r in done),
                     kl_over=sum(r["kl_over"] for r in done),
                     J0=curve[0]["J"],
@@ -149,7 +150,8 @@ def paired_differences(readings: Sequence[dict[str, Any]], base: str = BASE) -> 
 def cell_summary(readings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (accounting, n, scheme): seeds, mean warm-start J0, J mean / sd / max over seeds, mean stage and episodes
     read, and the trust region's binding share over every agent-update up to the stage read (bound / agent-updates,
-    and accepted updates with KL > δ, which must be 0)."""
+    the optimizer steps kept per agent-update, NaN for runs older than that column, and accepted updates with
+    KL > δ, which must be 0)."""
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in readings:
         groups.setdefault((r["accounting"], r["n"], r["scheme"]), []).append(r)
@@ -172,6 +174,7 @@ def cell_summary(readings: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 agent_updates=updates,
                 bound=bound,
                 bound_share=bound / updates if updates else math.nan,
+                steps_per_update=sum(r["steps"] for r in got) / updates if updates else math.nan,
                 kl_over=sum(r["kl_over"] for r in got),
             )
         )
@@ -237,7 +240,9 @@ def choose_budget(table: Sequence[dict[str, Any]]) -> int | None:
 def load_run(run_dir: str | Path) -> tuple[ChainExperimentConfig, list[dict[str, Any]]]:
     """The config and ``runs.csv`` rows of an ``orchestra experiment chain`` run directory."""
     path = Path(run_dir)
-    return ChainExperimentConfig.from_json(read_config(path / CONFIG_FILE)), read_rows(path / "runs.csv", RUN_COLUMNS)
+    return ChainExperimentConfig.from_json(read_config(path / CONFIG_FILE)), read_rows(
+        path / "runs.csv", RUN_COLUMNS, RUN_OPTIONAL
+    )
 
 
 def chain_command(cfg: ChainExperimentConfig, out: str | Path) -> str:
@@ -551,6 +556,11 @@ def _main_sections(
         for n in cfg.ns:
             row = [
                 f"{cell(100 * by[k]['bound_share'], 1)}% of {by[k]['agent_updates']}"
+                + (
+                    f", {by[k]['steps_per_update']:.2f} steps each"
+                    if math.isfinite(by[k].get("steps_per_update", math.nan))
+                    else ""
+                )
                 + (f", {by[k]['kl_over']} over δ" if by[k]["kl_over"] else "")
                 if (k := (accounting, n, s)) in by
                 else "—"

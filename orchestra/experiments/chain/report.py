@@ -160,13 +160,16 @@ def summary_sections(
     out["trust"] = [
         f"## Trust region, every agent-update of every run (KL = exact over the vocabulary, δ = {_delta(cfg)})",
         "",
-        "| scheme | agent-updates | accepted | bound (full step broke δ) | accepted with KL > δ | max KL/δ accepted |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| scheme | agent-updates | optimizer steps / update | accepted | bound (full step broke δ) | "
+        "accepted with KL > δ | max KL/δ accepted |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in tables["trust"]:
         share = r["bound"] / r["agent_updates"] if r["agent_updates"] else math.nan
+        steps = r["steps"] / r["agent_updates"] if r["agent_updates"] else math.nan
         out["trust"].append(
-            f"| {r['scheme']} | {r['agent_updates']} | {r['accepted']} | {r['bound']} ({cell(share * 100, 1)}%) | "
+            f"| {r['scheme']} | {r['agent_updates']} | {cell(steps, 2)} | {r['accepted']} | "
+            f"{r['bound']} ({cell(share * 100, 1)}%) | "
             f"{r['kl_over']} | {cell(r['kl_max_ratio'], 3)} |"
         )
     out["trust"].append("")

@@ -50,6 +50,7 @@ RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
     episodes=int,
     tokens=int,
     agent_updates=int,
+    steps=maybe_float,
     accepted=int,
     bound=int,
     kl_over=int,
@@ -58,6 +59,8 @@ RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
     certificate=maybe_float,
 )
 RUN_FIELDS = tuple(RUN_COLUMNS)
+# columns added after runs were committed (docs/results/chain_hard/): an older runs.csv reads them as NaN
+RUN_OPTIONAL = ("steps",)
 
 # ----------------------------------------------------------------------------------------------------------------
 # one run
@@ -129,6 +132,7 @@ def run_one(
             episodes=0,
             tokens=0,
             agent_updates=0,
+            steps=0.0,
             accepted=0,
             bound=0,
             kl_over=0,
@@ -160,11 +164,12 @@ def run_one(
 
 
 def trust_counts(updates: Sequence[dict[str, float]], names: Sequence[str]) -> dict[str, Any]:
-    """Trust-region accounting of one stage's update records, per agent-update: how many, accepted (a step kept),
+    """Trust-region accounting of one stage's update records, per agent-update: how many, the optimizer steps kept
+    (summed), accepted (a step kept),
     bound (the full step broke KL ≤ δ, so it was shortened or reverted), accepted with KL > δ (must be 0), and the
     largest KL/δ among the accepted ones. KL is the trainer's trust-region estimate (exact over the vocabulary here).
     """
-    out: dict[str, Any] = dict(agent_updates=0, accepted=0, bound=0, kl_over=0, kl_max_ratio=0.0)
+    out: dict[str, Any] = dict(agent_updates=0, steps=0.0, accepted=0, bound=0, kl_over=0, kl_max_ratio=0.0)
     for u in updates:
         for name in names:
             key = f"agent/{name}/"
@@ -173,6 +178,7 @@ def trust_counts(updates: Sequence[dict[str, float]], names: Sequence[str]) -> d
             ratio = u[key + "kl_trust"] / u[key + "delta"]
             accepted = u[key + "accepted"] > 0
             out["agent_updates"] += 1
+            out["steps"] += u[key + "optimizer_steps"]
             out["accepted"] += int(accepted)
             out["bound"] += int(u[key + "early_stopped"] > 0)
             if accepted:
@@ -221,7 +227,15 @@ def run_chain_experiment(
     if resume:
         check_config(config_path, cfg, hint="use another output directory")
     write_config(out, cfg)
-    log = RowLog(runs_path, RUN_COLUMNS, _cell, lambda rows: complete_runs(cfg, rows), nan="", resume=resume)
+    log = RowLog(
+        runs_path,
+        RUN_COLUMNS,
+        _cell,
+        lambda rows: complete_runs(cfg, rows),
+        nan="",
+        resume=resume,
+        optional=RUN_OPTIONAL,
+    )
     reused = len(log.done)
     for n in cfg.ns:
         for seed in range(cfg.seeds):
@@ -246,4 +260,12 @@ def run_chain_experiment(
     return finish(out, tables, sections, nan="")
 
 
-__all__ = ["RUN_COLUMNS", "RUN_FIELDS", "complete_runs", "run_chain_experiment", "run_one", "trust_counts"]
+__all__ = [
+    "RUN_COLUMNS",
+    "RUN_FIELDS",
+    "RUN_OPTIONAL",
+    "complete_runs",
+    "run_chain_experiment",
+    "run_one",
+    "trust_counts",
+]

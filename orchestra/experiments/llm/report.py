@@ -356,6 +356,33 @@ def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
     ]
 
 
+def _mechanism(cfg: LLMExperimentConfig, table: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What the update mechanism did, per scheme (``mechanism.csv``): read before any difference between schemes."""
+    t = cfg.trainer
+    lines = [
+        "## What the update mechanism did",
+        "",
+        f"Per scheme, over every agent-update of every seed. An update takes up to {t.num_epochs} epoch(s) × "
+        f"{t.num_minibatches} minibatch(es) = {t.num_epochs * t.num_minibatches} optimizer steps; the trust region "
+        f"({t.trust_region}, δ = {t.delta} per token) *acted* when it shortened or reverted a step (or its penalty "
+        "was on); KL / δ is the realised per-token KL of the kept step against the budget; the clip fraction is the "
+        "PPO clip's share of tokens in the losses the steps were taken on.",
+        "",
+    ]
+    if not table:
+        return [*lines, "No update recorded yet.", ""]
+    lines += [
+        "| scheme | agent-updates | steps / update | trust region acted | KL / δ | clip during steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        lines.append(
+            f"| {r['scheme']} | {r['agent_updates']} | {r['steps_per_update']:.2f} | {r['acted_share']:.0%} | "
+            f"{cell(r['kl_over_delta'], 2)} | {100 * r['step_clip_fraction']:.2f}% |"
+        )
+    return [*lines, ""]
+
+
 def summary_sections(
     cfg: LLMExperimentConfig,
     tables: dict[str, list[dict[str, Any]]],
@@ -363,10 +390,11 @@ def summary_sections(
     missing: Sequence[tuple[str, int, int]] = (),
 ) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
-    yet), final, seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
+    yet), final, mechanism (what the trust region and the clip did), seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
     return {
         "setting": _setting(cfg, seconds) + _interim(missing),
         "final": _final(cfg, tables),
+        "mechanism": _mechanism(cfg, tables["mechanism"]),
         "seeds": verdict_section(
             tables,
             _pct,
@@ -383,7 +411,7 @@ def summary_sections(
             "",
             "Files (in the benchmark's `--out` directory): `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
             "`seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
-            "`curves.csv`, `headroom.csv`, `training.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
+            "`curves.csv`, `headroom.csv`, `training.csv`, `mechanism.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
             "metrics and checkpoints).",
             "",
         ],
