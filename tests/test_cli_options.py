@@ -126,6 +126,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
+        LLMFreshnessJob,
         LLMTuneJob,
     )
     from orchestra.jobs.finetune import FinetuneConfig
@@ -145,6 +146,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("experiment", "llm"): LLMExperimentJob(),
         ("experiment", "llm-tune"): LLMTuneJob(),
         ("experiment", "freshness"): FreshnessJob(),
+        ("experiment", "freshness-llm"): LLMFreshnessJob(),
         ("dataset", "build"): DatasetBuildConfig,
         ("train",): TrainConfig,
         ("ope",): OPEConfig,

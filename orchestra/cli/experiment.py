@@ -1,6 +1,6 @@
-"""``orchestra experiment chain | chain-regime | llm | llm-tune | freshness``: the experiments of phase 2 (:mod:`orchestra.jobs.experiment`),
-TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team, and the paired freshness
-experiment on the chain."""
+"""``orchestra experiment chain | chain-regime | llm | llm-tune | freshness | freshness-llm``: the experiments of phase 2
+(:mod:`orchestra.jobs.experiment`), TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM
+team, and the paired freshness experiment on the chain and on the real LLM team."""
 
 from __future__ import annotations
 
@@ -18,7 +18,14 @@ if TYPE_CHECKING:
 
 
 def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
-    from orchestra.jobs.experiment import ChainExperimentJob, ChainRegimeJob, FreshnessJob, LLMExperimentJob, LLMTuneJob
+    from orchestra.jobs.experiment import (
+        ChainExperimentJob,
+        ChainRegimeJob,
+        FreshnessJob,
+        LLMExperimentJob,
+        LLMFreshnessJob,
+        LLMTuneJob,
+    )
 
     esub = p.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     q = esub.add_parser(
@@ -174,6 +181,33 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         ],
     )
     r.add_argument("--smoke", action="store_true", help="tiny preset (n 2 3, 3 pairs, V 4, B 32)")
+    g = esub.add_parser(
+        "freshness-llm",
+        help="paired freshness experiment on the real LLM team: the critic updated on a stale vs a fresh batch (CRN), "
+        "held-out success, CI over replicate pairs, stale gap, null check",
+        description=LLM_FRESHNESS_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=epilog,
+    )
+    add_options(
+        g,
+        LLMFreshnessJob(),
+        [
+            "out",
+            Opt("report", "--report"),
+            Opt("experiment.pairs", "--pairs"),
+            Opt("experiment.eval_tasks", "--eval-tasks"),
+            Opt("experiment.eval_split", "--eval-split"),
+            Opt("experiment.null_check", "--no-null-check", help="skip the two null arms (fewer evaluations)"),
+            Opt("experiment.trainer.lr", "--lr"),
+            Opt("experiment.seed", "--seed"),
+            "threads",
+            Opt("progress", "--quiet", help="no progress output"),
+        ],
+    )
+    g.add_argument(
+        "--smoke", action="store_true", help="tiny preset: random-init tiny model, 2 pairs, 4 held-out tasks"
+    )
 
 
 _WARM_PASS = (
@@ -228,9 +262,29 @@ Writes OUT/config.json, OUT/pairs.csv (one row per pair), OUT/cells.csv and OUT/
 """
 
 
+LLM_FRESHNESS_DESCRIPTION = """\
+The paired freshness experiment on the real LLM team of `orchestra experiment llm` (default: the arithmetic
+team's solver and critic under the fixed pipeline, SmolLM2 with one LoRA adapter each). Per replicate pair: the
+team with its own LoRA init; the solver updated on one stale batch S (scheme naive), the trainer stopped right
+after and its state saved; from that state the critic is updated once on S (stale) and once on a batch F sampled
+from the updated team with S's random numbers (fresh: the same train tasks and episode seeds), by the trainer's own
+update, everything else equal. Each arm's team is played greedily on the same held-out tasks with the same episode
+seeds.
+
+Reported: mean success_fresh - success_stale with a 95% t interval over pairs, p, the minimum detectable effect (80%
+power), the stale gap on the batches (the share of episodes whose critic turns changed, the advantage change, the
+mean rewards), every update's KL, steps and trust-region action, and a null check (two stale arms that differ only
+in their batch's seed must not come out different).
+
+Writes OUT/config.json, OUT/pairs.csv (one row per pair), OUT/result.csv and OUT/summary.md. Resumable (more
+--pairs extend a run).
+"""
+
+
 def _cmd_experiment(a: argparse.Namespace) -> int:
     from orchestra.experiments.chain.config import ChainExperimentConfig
     from orchestra.experiments.freshness.config import FreshnessConfig
+    from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
     from orchestra.experiments.llm.config import LLMExperimentConfig
     from orchestra.experiments.llm.tune import LLMTuneConfig
     from orchestra.jobs.experiment import (
@@ -238,10 +292,12 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
+        LLMFreshnessJob,
         LLMTuneJob,
         run_chain_job,
         run_chain_regime_job,
         run_freshness_job,
+        run_llm_freshness_job,
         run_llm_job,
         run_llm_tune_job,
     )
@@ -258,6 +314,9 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     if a.experiment == "freshness":
         fresh = FreshnessJob(experiment=FreshnessConfig.smoke()) if a.smoke else FreshnessJob()
         run = partial(run_freshness_job, build(fresh, a))
+    elif a.experiment == "freshness-llm":
+        llm_fresh = LLMFreshnessJob(experiment=LLMFreshnessConfig.smoke()) if a.smoke else LLMFreshnessJob()
+        run = partial(run_llm_freshness_job, build(llm_fresh, a))
     elif a.experiment == "llm-tune":
         tune = LLMTuneJob(tune=LLMTuneConfig.smoke()) if a.smoke else LLMTuneJob()
         run = partial(run_llm_tune_job, build(tune, a))
@@ -279,7 +338,7 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
 EXPERIMENT = {
     "experiment": Command(
         "phase 2's experiments: TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM team; "
-        "the paired freshness experiment",
+        "the paired freshness experiment on both",
         _experiment,
         _cmd_experiment,
     )

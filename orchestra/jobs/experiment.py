@@ -1,8 +1,8 @@
-"""``orchestra experiment chain``, ``chain-regime``, ``llm`` and ``freshness``: the telephone-chain comparison of
-TeamTR with naive, joint and HAPPO (:mod:`orchestra.experiments.chain`), its page in a regime that does not saturate
-(:mod:`orchestra.experiments.chain.regime`), the real-LLM one (:mod:`orchestra.experiments.llm`) and the paired
-freshness experiment (:mod:`orchestra.experiments.freshness`), as jobs: where they read and write and whether they
-talk."""
+"""``orchestra experiment chain``, ``chain-regime``, ``llm``, ``freshness`` and ``freshness-llm``: the
+telephone-chain comparison of TeamTR with naive, joint and HAPPO (:mod:`orchestra.experiments.chain`), its page in a
+regime that does not saturate (:mod:`orchestra.experiments.chain.regime`), the real-LLM one
+(:mod:`orchestra.experiments.llm`) and the paired freshness experiment on the chain and on the real-LLM team
+(:mod:`orchestra.experiments.freshness`), as jobs: where they read and write and whether they talk."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from orchestra.experiments.chain.config import ChainExperimentConfig
 from orchestra.experiments.chain.regime import BudgetRule
 from orchestra.experiments.freshness.config import FreshnessConfig
+from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
 from orchestra.experiments.harness import ExperimentResult, stderr_say
 from orchestra.experiments.llm.config import LLMExperimentConfig
 from orchestra.experiments.llm.tune import LLMTuneConfig
@@ -164,6 +165,37 @@ def run_freshness_job(job: FreshnessJob) -> ExperimentResult:
     return result
 
 
+@dataclass(frozen=True)
+class LLMFreshnessJob:
+    """``orchestra experiment freshness-llm``: the experiment's config, its run directory, where its report goes and
+    the torch threads."""
+
+    experiment: LLMFreshnessConfig = field(default_factory=LLMFreshnessConfig)  # team, trainer, pairs, held-out tasks
+    out: str = "runs/experiment_freshness_llm"  # output directory (an existing one of the same config is resumed)
+    # also write summary.md here, and pairs.csv beside it as {stem}.csv (e.g. docs/results/freshness_llm.md)
+    report: str | None = None
+    threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
+    progress: bool = True  # the teams' progress and one line per finished pair on stderr
+
+
+def run_llm_freshness_job(job: LLMFreshnessJob) -> ExperimentResult:
+    import shutil
+
+    import torch
+
+    from orchestra.experiments.freshness.llm_run import run_llm_freshness_experiment
+
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    result = run_llm_freshness_experiment(job.experiment, job.out, say=stderr_say(job.progress))
+    if job.report:
+        report = Path(job.report)
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(result.summary.read_text())
+        shutil.copyfile(Path(job.out) / "pairs.csv", report.with_suffix(".csv"))
+    return result
+
+
 def publish(summary: Path, report: Path) -> None:
     """Copy ``summary.md`` to ``report`` and its ``learning_curves.png`` beside it as ``{report stem}_curves.png``,
     the image link rewritten."""
@@ -180,12 +212,14 @@ __all__ = [
     "ChainRegimeJob",
     "FreshnessJob",
     "LLMExperimentJob",
+    "LLMFreshnessJob",
     "LLMTuneJob",
     "chain_regime_command",
     "publish",
     "run_chain_job",
     "run_chain_regime_job",
     "run_freshness_job",
+    "run_llm_freshness_job",
     "run_llm_job",
     "run_llm_tune_job",
 ]

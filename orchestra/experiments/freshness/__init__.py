@@ -6,4 +6,11 @@ with common random numbers and everything else equal; both arms are scored by th
 * :mod:`~orchestra.experiments.freshness.config` — :class:`FreshnessConfig` (chains, step sizes, pairs);
 * :mod:`~orchestra.experiments.freshness.run` — one replicate pair (:func:`run_pair`), ``pairs.csv`` and resume;
 * :mod:`~orchestra.experiments.freshness.analysis` — the per-cell paired statistics and the report.
+
+The same experiment on the real-LLM team of ``orchestra experiment llm`` (``orchestra experiment freshness-llm``: the
+solver upstream, the critic updated in the arms, each arm's team played greedily on held-out tasks):
+
+* :mod:`~orchestra.experiments.freshness.llm_config` — :class:`LLMFreshnessConfig` (team, trainer, pairs, tasks);
+* :mod:`~orchestra.experiments.freshness.llm_run` — one replicate pair, ``pairs.csv`` and resume;
+* :mod:`~orchestra.experiments.freshness.llm_analysis` — the paired statistics (the chain's) and the report.
 """

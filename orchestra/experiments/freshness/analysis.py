@@ -42,7 +42,8 @@ def paired_summary(d: Sequence[float]) -> dict[str, float]:
     return dict(mean=mean, sd=sd, ci_low=mean - half, ci_high=mean + half, p=p, mde=effect * sd)
 
 
-def _holm(ps: Sequence[float]) -> list[float]:
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm-adjusted ``ps`` of one family of tests (statsmodels); a NaN p takes no part and stays NaN."""
     from statsmodels.stats.multitest import multipletests
 
     finite = [i for i, p in enumerate(ps) if math.isfinite(p)]
@@ -104,7 +105,7 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
             )
         )
     for prefix in ("diff", "null", "indep"):
-        for c, h in zip(cells, _holm([c[f"{prefix}_p"] for c in cells]), strict=True):
+        for c, h in zip(cells, holm([c[f"{prefix}_p"] for c in cells]), strict=True):
             c[f"{prefix}_p_holm"] = h
     return {"cells": cells}
 
@@ -274,4 +275,4 @@ def summary_sections(
     return s
 
 
-__all__ = ["ALPHA", "POWER", "analyse", "null_check_passes", "paired_summary", "summary_sections", "verdict"]
+__all__ = ["ALPHA", "POWER", "analyse", "holm", "null_check_passes", "paired_summary", "summary_sections", "verdict"]

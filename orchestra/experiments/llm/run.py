@@ -23,12 +23,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, stderr_say
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.teamtr.config import derive_seed
 from trajectories.rundir import CONFIG_FILE, check_config, read_config, write_config
+
+if TYPE_CHECKING:
+    from orchestra.teamtr.llm_config import LLMTeamConfig
 
 # the columns of evals.csv (one row per evaluation and held-out task) and how each is read back
 EVAL_COLUMNS: dict[str, Callable[[str], Any]] = {
@@ -75,7 +78,21 @@ def expected_evaluations(cfg: LLMExperimentConfig) -> list[tuple[str, int, int]]
 # one evaluation
 
 
-def held_out_tasks(cfg: LLMExperimentConfig) -> list[Any]:
+class HeldOut(Protocol):
+    """What the held-out evaluation reads from an experiment's config (:class:`LLMExperimentConfig`, and the LLM
+    freshness experiment's): the team, how many tasks of which split, and the root seed they derive from."""
+
+    @property
+    def team(self) -> LLMTeamConfig: ...
+    @property
+    def eval_tasks(self) -> int: ...
+    @property
+    def eval_split(self) -> Literal["validation", "test"]: ...
+    @property
+    def seed(self) -> int: ...
+
+
+def held_out_tasks(cfg: HeldOut) -> list[Any]:
     """The held-out tasks of every evaluation: ``eval_tasks`` tasks of ``eval_split`` (the team's family and
     difficulty), from the root seed only."""
     from orchestra.teamtr.llm import _load_team
@@ -84,7 +101,7 @@ def held_out_tasks(cfg: LLMExperimentConfig) -> list[Any]:
     return family.generate(cfg.eval_split, cfg.eval_tasks, derive_seed(cfg.seed, 7, bits=31), cfg.team.difficulty)
 
 
-def evaluate(team: Any, tasks: Sequence[Any], cfg: LLMExperimentConfig) -> list[dict[str, Any]]:
+def evaluate(team: Any, tasks: Sequence[Any], cfg: HeldOut) -> list[dict[str, Any]]:
     """Play ``tasks`` with the team's held-out workers (``eval_temperature``); one row per task (success, return,
     the trainable workers' tokens)."""
     from orchestra.runtime.rollout import EpisodeJob, episode_seed
@@ -221,6 +238,7 @@ __all__ = [
     "EVAL_COLUMNS",
     "EVAL_FIELDS",
     "FROZEN",
+    "HeldOut",
     "complete_evaluations",
     "evaluate",
     "expected_evaluations",

@@ -1,0 +1,210 @@
+"""The LLM freshness experiment's statistics and report: pure functions from the rows of ``pairs.csv`` (one per
+replicate pair, :mod:`~orchestra.experiments.freshness.llm_run`) to the one-row table ``result`` and ``summary.md``.
+
+The unit is the replicate pair, as on the chain (:mod:`~orchestra.experiments.freshness.analysis`, whose statistics
+are used as they are): d = success_fresh − success_stale of one pair is the difference of two greedy plays of the
+same held-out tasks with the same episode seeds, so it carries the pair's batches and the tasks' discreteness
+(multiples of 1 / eval_tasks), and the spread between pairs holds both. Mean d with a 95% t interval over pairs,
+the one-sample t-test p and the minimum detectable effect (80% power); one comparison, so Holm leaves its p as it is.
+The null check applies the same statistics to the difference of the two null arms, 0 in expectation: it passes when
+its p is ≥ 0.05.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestra.experiments.freshness.analysis import holm, null_check_passes, paired_summary, verdict
+from orchestra.experiments.harness import Sections, Tables, cell, pval
+
+if TYPE_CHECKING:
+    from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
+
+# the arms of a pair (pairs.csv's column suffixes) and their names in the tables
+ARM_NAMES = {"stale": "stale (S)", "fresh": "fresh (F)", "null_a": "null (S1)", "null_b": "null (S2)"}
+# per arm, what its update of the last worker did (column prefix → the update's metric): per-token KL(π_old ‖ π_new)
+# on its batch (the trust region's own measure), optimizer steps kept, whether the trust region acted (a step
+# shortened or reverted)
+STEP_FIELDS = {"kl": "kl_trust", "steps": "optimizer_steps", "acted": "trust_region_acted"}
+
+
+def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
+    """``result``: one row over the pairs: held-out success at the branch and after each arm (means), fresh − stale,
+    the null difference and fresh − the first null arm (:func:`paired_summary`; ``*_p_holm``: Holm within each
+    family, of one comparison), the stale gap and the realised steps (means; TR acted: the share of updates)."""
+    rs = sorted(rows, key=lambda r: r["pair"])
+    if not rs:
+        return {"result": []}
+    null_run = all(math.isfinite(r["null_diff"]) for r in rs)
+    families = {
+        "diff": [r["diff"] for r in rs],
+        "null": [r["null_diff"] for r in rs] if null_run else [],
+        "indep": [r["success_fresh"] - r["success_null_a"] for r in rs] if null_run else [],  # S's reuse taken out
+    }
+
+    def mean(key: str) -> float:
+        return float(np.mean([r[key] for r in rs]))
+
+    c: dict[str, Any] = dict(pairs=len(rs), worker=rs[0]["worker"])
+    for key in ("success_branch", "success_stale", "success_fresh", "success_null_a", "success_null_b"):
+        c[key] = mean(key)
+    c["gain_stale"], c["gain_fresh"] = (
+        c["success_stale"] - c["success_branch"],
+        c["success_fresh"] - c["success_branch"],
+    )
+    for prefix, d in families.items():
+        s = paired_summary(d)
+        c.update({f"{prefix}_{k}": v for k, v in s.items()})
+        c[f"{prefix}_p_holm"] = holm([s["p"]])[0]
+    keys = ["rows_changed", "adv_gap", "reward_stale", "reward_fresh", "upstream_kl", "upstream_steps"]
+    keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
+    c.update({k: mean(k) for k in keys})
+    c["seconds"] = float(np.sum([r["seconds"] for r in rs]))
+    return {"result": [c]}
+
+
+def _ci(c: dict[str, Any], prefix: str) -> str:
+    return f"{c[f'{prefix}_mean']:+.4f} [{c[f'{prefix}_ci_low']:+.4f}, {c[f'{prefix}_ci_high']:+.4f}]"
+
+
+def summary_sections(
+    cfg: LLMFreshnessConfig,
+    rows: Sequence[dict[str, Any]],
+    tables: Tables,
+    *,
+    seconds: float = math.nan,
+    reused: int = 0,
+) -> Sections:
+    """``summary.md``: the setting, fresh − stale with its MDE, the null check, the stale gap and the realised steps,
+    what it does not show."""
+    team, tr = cfg.team, cfg.trainer
+    workers = team.workers
+    upstream, last = ", ".join(workers[:-1]), workers[-1]
+    s: Sections = {}
+    s["title"] = [
+        "# The paired freshness experiment on the real-LLM team",
+        "",
+        f"{len(rows)} replicate pairs; the pairs' own compute {float(np.sum([r['seconds'] for r in rows])):.0f} s"
+        + (f", this invocation {seconds:.0f} s" if math.isfinite(seconds) else "")
+        + (f", {reused} pairs reused from an earlier invocation" if reused else "")
+        + ".",
+        "",
+        f"Per pair: the team ({team.team}, trainable {' → '.join(workers)}; its own LoRA init); the upstream "
+        f"worker(s) ({upstream}) updated on one stale batch S (naive); from the state saved right after that, the "
+        f"{last} updated once on S (**stale**) and once on a batch F sampled from the updated team with S's random "
+        "numbers (**fresh**: the same train tasks and episode seeds), by the trainer's own update, everything else "
+        f"equal; each arm's team played on the same {cfg.eval_tasks} held-out {cfg.eval_split} tasks with the same "
+        f"episode seeds (trainable workers at temperature {team.eval_temperature:g}"
+        + (", greedy" if team.eval_temperature == 0 else "")
+        + "). d = success_fresh − success_stale per pair; mean d with a 95% t interval over pairs, p of the "
+        "one-sample t-test, and the minimum detectable effect (MDE: 80% power, α = 0.05, two-sided).",
+        "",
+        "## Settings",
+        "",
+        f"Model {team.model} ({team.dtype}), max {team.max_tokens} tokens per turn, sampling temperature "
+        f"{team.temperature:g}; B = {tr.batch_size} episodes per batch ({tr.batch_size // team.group_size} tasks × "
+        f"G = {team.group_size}), {tr.num_epochs} epochs × {tr.num_minibatches} minibatches, lr {tr.lr:g}, "
+        f"trust region {tr.trust_region} δ = {tr.deltas(len(workers))[-1]:g}; root seed {cfg.seed}.",
+        "",
+    ]
+    if not tables["result"]:
+        return {**s, "result": ["No pair has finished yet.", ""]}
+    c = tables["result"][0]
+    s["result"] = [
+        "## Fresh − stale",
+        "",
+        "| pairs | success at branch | success stale | success fresh | fresh − stale [95% CI] | SD | p | MDE | reading |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {c['pairs']} | {cell(c['success_branch'], 4)} | {cell(c['success_stale'], 4)} | "
+        f"{cell(c['success_fresh'], 4)} | {_ci(c, 'diff')} | {cell(c['diff_sd'], 4)} | {pval(c['diff_p'])} | "
+        f"{cell(c['diff_mde'], 4)} | {verdict(c)} |",
+        "",
+        f"Success is a share of the {cfg.eval_tasks} held-out tasks. The MDE is "
+        f"{100 * c['diff_mde']:.1f} points of held-out success: a true mean difference that large would be detected "
+        f"with 80% power by {c['pairs']} pairs of this spread. Gains of the {last}'s own step, success after it − "
+        f"success at the branch (means): stale {c['gain_stale']:+.4f}, fresh {c['gain_fresh']:+.4f}.",
+        "",
+    ]
+    if cfg.null_check:
+        s["result"] += [
+            "Secondary: fresh against the stale arm on the first null batch (independent of S, so the reuse of the "
+            f"batch the upstream worker(s) were fitted to is taken out; no common random numbers): {_ci(c, 'indep')}, "
+            f"p {pval(c['indep_p'])}.",
+            "",
+        ]
+    s["null"] = ["## Null check", ""]
+    if not cfg.null_check:
+        s["null"] += ["Not run (null_check off).", ""]
+    else:
+        passes = null_check_passes([c])
+        s["null"] += [
+            f"Two more arms that update the {last} the same way, each on its own independent batch of the "
+            "stage-start team (S1, S2: the same procedure, only the seed differs): their difference is 0 in "
+            f"expectation, so the statistics must not call it different from 0. **{'Passes' if passes else 'FAILS'}**"
+            + (
+                ": its p is ≥ 0.05." if passes else ": its p is below 0.05, so the interval above is not to be trusted."
+            ),
+            "",
+            "| pairs | success S1 | success S2 | S2 − S1 [95% CI] | SD | p | SD of fresh − stale |",
+            "|---|---|---|---|---|---|---|",
+            f"| {c['pairs']} | {cell(c['success_null_a'], 4)} | {cell(c['success_null_b'], 4)} | {_ci(c, 'null')} | "
+            f"{cell(c['null_sd'], 4)} | {pval(c['null_p'])} | {cell(c['diff_sd'], 4)} |",
+            "",
+            "The null arms have no common random numbers; the last column shows how much smaller the spread of the "
+            "CRN-paired fresh − stale difference is.",
+            "",
+        ]
+    arms = [a for a in ARM_NAMES if cfg.null_check or not a.startswith("null")]
+    s["gap"] = [
+        f"## The stale gap ({last})",
+        "",
+        f"On the CRN-matched batches S and F, episode by episode: {c['rows_changed']:.1%} of the episodes have "
+        f"different {last} turns (prompt or sampled token ids); mean abs(Â_S − Â_F) {c['adv_gap']:.4f} (GRPO "
+        f"advantages of the team reward); mean reward S {c['reward_stale']:.4f}, F {c['reward_fresh']:.4f}. The "
+        f"upstream update(s): KL {c['upstream_kl']:.4f} per token, {c['upstream_steps']:.2f} optimizer steps, the "
+        f"trust region acted in {c['upstream_acted']:.0%} of them.",
+        "",
+        f"| arm | the {last}'s step KL | optimizer steps | TR acted |",
+        "|---|---|---|---|",
+        *[
+            f"| {ARM_NAMES[a]} | {cell(c[f'kl_{a}'], 4)} | {c[f'steps_{a}']:.2f} | {c[f'acted_{a}']:.0%} |"
+            for a in arms
+        ],
+        "",
+        "KL: the realised per-token KL(π_old ‖ π_new) on the update's own batch (the trust region's measure); TR "
+        "acted: the share of pairs in which the backtracking shortened or reverted a step.",
+        "",
+    ]
+    s["not_shown"] = [
+        "## What it does not show",
+        "",
+        "- **One update, not a run.** Each pair measures one step of one worker from the initial adapters. A "
+        "one-step difference neither bounds nor predicts what freshness does over many stages, and it says nothing "
+        "of TeamTR's price (a batch per worker): `orchestra experiment llm` reads the schemes at equal episodes.",
+        f"- **One upstream step, one downstream worker.** Only the {upstream} moved before the {last}'s update, by "
+        "one naive step; the stale gap is as large as that one step makes it. The stale arm also reuses the batch "
+        "the upstream update was fitted to; the secondary comparison uses an independent one.",
+        f"- **Greedy play of {cfg.eval_tasks} fixed tasks.** Success is read on the same held-out tasks and "
+        "episode seeds in every arm; a difference smaller than one task per pair is invisible, and another "
+        "decoding or task set may read otherwise.",
+        f"- **{len(rows)} pairs.** A no-difference reading holds down to its MDE only: it is not evidence that "
+        "freshness never matters.",
+        "",
+    ]
+    s["reproduce"] = [
+        "## Reproduce",
+        "",
+        "```bash",
+        f"orchestra experiment freshness-llm --pairs {cfg.pairs} --eval-tasks {cfg.eval_tasks} "
+        f"--eval-split {cfg.eval_split} --seed {cfg.seed} --out runs/freshness_llm",
+        "```",
+        "",
+    ]
+    return s
+
+
+__all__ = ["ARM_NAMES", "STEP_FIELDS", "analyse", "summary_sections"]

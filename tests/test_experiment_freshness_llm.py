@@ -1,0 +1,169 @@
+"""The paired freshness experiment on the real-LLM team (orchestra/experiments/freshness/llm_*.py): the fresh batch
+shares the stale one's tasks and episode seeds, no upstream update gives the same episodes and identical arms, the
+config, the statistics and the report, a smoke run with resume, extension and a refused config, the CLI."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import orchestra.experiments.freshness.llm_run as llm_run
+from orchestra.experiments.freshness.analysis import paired_summary
+from orchestra.experiments.freshness.llm_analysis import analyse, summary_sections
+from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig, team_config, trainer_config
+from orchestra.experiments.freshness.llm_run import (
+    ARMS,
+    PAIR_COLUMNS,
+    branch,
+    changed_rows,
+    run_llm_freshness_experiment,
+    run_pair,
+)
+from orchestra.experiments.harness import read_rows
+from orchestra.teamtr.llm import LLMTeam
+from trajectories.rundir import ConfigMismatchError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def cfg(duo_file: Path) -> LLMFreshnessConfig:
+    """The smoke preset on the duo team under the random conductor (the tests' LLM team: both workers speak in every
+    batch and the episodes' lengths, so their returns, vary, so the adapters move)."""
+    smoke = LLMFreshnessConfig.smoke()
+    return replace(
+        smoke, team=replace(smoke.team, team=str(duo_file), pipeline=(), conductor="random", reward="return")
+    )
+
+
+def _critic_sum(team: LLMTeam, tasks: Any, cfg: LLMFreshnessConfig) -> float:
+    """A stand-in for the held-out success that sees every change of the critic's adapter (the tiny random model
+    solves nothing, so its real success is 0 in every arm)."""
+    return float(sum(p.detach().double().sum() for p in team.parameters(1)))
+
+
+def test_fresh_batch_has_the_stale_batch_tasks_and_seeds(cfg: LLMFreshnessConfig) -> None:
+    team = LLMTeam(team_config(cfg, 0))
+    start = [team.state(i) for i in range(2)]
+    br = branch(team, trainer_config(cfg, 0))
+    assert [int(u["rollout/agent"]) for u in br.log.updates] == [0]  # the solver moved, the critic not yet
+    stale, b_size = br.point.batch, cfg.trainer.batch_size
+    fresh = team.sample(b_size, br.point.rollout_generator())
+    same_task = [a.task == b.task and a.seed == b.seed for a, b in zip(stale.episodes, fresh.episodes, strict=True)]
+    assert all(same_task)  # common random numbers: episode by episode the same train task and episode seed
+    assert any(changed_rows(stale, fresh, 0))  # the updated solver speaks otherwise in some episodes
+    # with the stage-start adapters back, the same generator state gives S token for token
+    for i, s in enumerate(start):
+        team.load_state(i, s)
+    again = team.sample(b_size, br.point.rollout_generator())
+    assert not any(changed_rows(stale, again, 0)) and not any(changed_rows(stale, again, 1))
+    assert [t.logprobs for t in again.turns] == [t.logprobs for t in stale.turns]
+    torch.testing.assert_close(again.rewards, stale.rewards)
+
+
+def test_no_upstream_update_gives_identical_arms_and_an_update_a_gap(
+    cfg: LLMFreshnessConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_run, "_success", _critic_sum)
+    undone = run_pair(cfg, 0, upstream=False)
+    assert undone["success_fresh"] == undone["success_stale"] and undone["diff"] == 0.0
+    assert undone["rows_changed"] == 0.0 and undone["adv_gap"] == 0.0 and undone["upstream_kl"] == 0.0
+    assert undone["kl_fresh"] == undone["kl_stale"] and undone["steps_fresh"] == undone["steps_stale"]
+    real = run_pair(cfg, 0)
+    assert real["rows_changed"] > 0 and real["upstream_kl"] > 0 and real["upstream_steps"] > 0
+    assert real["diff"] != 0.0 and real["kl_fresh"] != real["kl_stale"]  # the critic stepped otherwise on F
+    # the stale arm, the null arms and the branch do not depend on whether F was drawn: bit for bit the same
+    for key in ("success_stale", "success_null_a", "success_null_b", "kl_stale", "kl_null_a"):
+        assert real[key] == undone[key], key
+    assert real["success_null_a"] != real["success_null_b"]  # the null batches are independent draws
+    assert set(real) == set(PAIR_COLUMNS) and real["worker"] == "critic"
+
+
+def test_config_seeds_and_refusals(cfg: LLMFreshnessConfig) -> None:
+    full = LLMFreshnessConfig()
+    assert (full.pairs, full.eval_tasks, full.eval_split, full.null_check, full.updated) == (30, 60, "test", True, 1)
+    assert full.team.workers == ("solver", "critic")
+    t0, t1 = trainer_config(full, 0), trainer_config(full, 1)
+    assert (t0.scheme, t0.order, t0.num_stages, t0.evaluate) == ("naive", "fixed", 1, False)
+    assert t0.lr == full.trainer.lr and t0.batch_size == full.trainer.batch_size
+    assert t0.seed != t1.seed and team_config(full, 0).seed != team_config(full, 1).seed
+    assert team_config(full, 0).eval_tasks == 0  # the arms are played by the experiment, not by the team
+    for bad, match in [
+        (dict(pairs=1), "pairs"),
+        (dict(eval_tasks=0), "eval_tasks"),
+        (dict(eval_split="train"), "eval_split"),
+        (dict(team=replace(cfg.team, workers=("solver",))), "workers"),
+        (dict(trainer=replace(cfg.trainer, batch_size=5)), "multiple of team.group_size"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            replace(cfg, **bad)
+
+
+def _row(pair: int, diff: float, null: float) -> dict[str, Any]:
+    row: dict[str, Any] = {k: 0.0 for k in PAIR_COLUMNS}
+    return dict(row, pair=pair, worker="critic", success_stale=0.5, success_fresh=0.5 + diff, diff=diff,
+                success_null_a=0.5, success_null_b=0.5 + null, null_diff=null)  # fmt: skip
+
+
+def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
+    diffs, nulls = [0.1, 0.12, 0.08, 0.11, 0.09, 0.1], [0.02, -0.03, 0.01, -0.01, 0.0, 0.01]
+    rows = [_row(p, d, z) for p, (d, z) in enumerate(zip(diffs, nulls, strict=True))]
+    c = analyse(rows)["result"][0]
+    want = paired_summary(diffs)
+    assert all(c[f"diff_{k}"] == pytest.approx(v) for k, v in want.items())
+    assert c["diff_p_holm"] == c["diff_p"] < 0.001 and c["null_p"] > 0.05
+    text = "\n".join(line for sec in summary_sections(cfg, rows, {"result": [c]}).values() for line in sec)
+    assert "**Passes**" in text and "fresh better" in text and f"{100 * want['mde']:.1f} points" in text
+    shifted = [dict(r, null_diff=r["diff"], success_null_b=r["success_fresh"]) for r in rows]
+    failed = summary_sections(cfg, shifted, analyse(shifted))
+    assert "**FAILS**" in "\n".join(failed["null"])
+    off = [dict(r, null_diff=math.nan, success_null_a=math.nan, success_null_b=math.nan) for r in rows]
+    c_off = analyse(off)["result"][0]
+    assert math.isnan(c_off["null_p"]) and c_off["diff_mean"] == pytest.approx(want["mean"])
+    assert "Not run" in "\n".join(summary_sections(replace(cfg, null_check=False), off, analyse(off))["null"])
+
+
+def test_smoke_run_resume_extension_and_another_config(cfg: LLMFreshnessConfig, tmp_path: Path) -> None:
+    out = tmp_path / "fresh"
+    lines: list[str] = []
+    result = run_llm_freshness_experiment(cfg, out, say=lines.append)
+    rows = read_rows(out / "pairs.csv", PAIR_COLUMNS)
+    assert [r["pair"] for r in rows] == [0, 1] and sum(ln.startswith("freshness-llm pair") for ln in lines) == 2
+    assert all(0 <= r[f"success_{a}"] <= 1 for r in rows for a in ARMS) and all(r["seconds"] > 0 for r in rows)
+    c = result.tables["result"][0]
+    want = paired_summary([r["diff"] for r in rows])
+    assert c["pairs"] == 2 and c["diff_mean"] == pytest.approx(want["mean"])
+    assert c["null_mean"] == pytest.approx(paired_summary([r["null_diff"] for r in rows])["mean"])
+    text = result.summary.read_text()
+    assert "Fresh − stale" in text and "Null check" in text and "What it does not show" in text
+    assert (out / "result.csv").exists() and (out / "config.json").exists()
+    # the same config again: nothing runs, the rows are kept
+    lines.clear()
+    again = run_llm_freshness_experiment(cfg, out, say=lines.append)
+    assert lines == [] and "2 pairs reused" in again.summary.read_text()
+    # more pairs: only the new one runs, the first two are kept as they were
+    more = run_llm_freshness_experiment(replace(cfg, pairs=3), out, say=lines.append)
+    assert [ln for ln in lines if ln.startswith("freshness-llm pair")] == [lines[-1]] and "pair 2" in lines[-1]
+    assert read_rows(out / "pairs.csv", PAIR_COLUMNS)[:2] == rows and more.tables["result"][0]["pairs"] == 3
+    with pytest.raises(ConfigMismatchError, match="eval_tasks"):
+        run_llm_freshness_experiment(replace(cfg, eval_tasks=5), out, say=lambda _: None)
+
+
+def test_cli_freshness_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestra.cli import main
+
+    report = tmp_path / "docs" / "freshness_llm.md"
+    args = ["experiment", "freshness-llm", "--smoke", "--no-null-check", "--eval-tasks", "2", "--lr", "0.02"]
+    code = main([*args, "--out", str(tmp_path / "run"), "--report", str(report), "--quiet", "--threads", "1"])
+    assert code == 0 and "summary:" in capsys.readouterr().out
+    rows = read_rows(report.with_suffix(".csv"), PAIR_COLUMNS)
+    assert [r["pair"] for r in rows] == [0, 1] and all(math.isnan(r["success_null_a"]) for r in rows)
+    assert "Not run" in report.read_text() and "lr 0.02" in report.read_text()
+    # another config in the same directory is refused with the field named
+    assert main([*args, "--eval-tasks", "3", "--out", str(tmp_path / "run"), "--quiet"]) == 2
+    assert "eval_tasks" in capsys.readouterr().err
