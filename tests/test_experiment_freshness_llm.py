@@ -122,6 +122,8 @@ def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
     shifted = [dict(r, null_diff=r["diff"], success_null_b=r["success_fresh"]) for r in rows]
     failed = summary_sections(cfg, shifted, analyse(shifted))
     assert "**FAILS**" in "\n".join(failed["null"])
+    zero = [dict(r, null_diff=0.0, success_null_b=r["success_null_a"]) for r in rows]  # p undefined: passes
+    assert "every pair's null difference is 0" in "\n".join(summary_sections(cfg, zero, analyse(zero))["null"])
     off = [dict(r, null_diff=math.nan, success_null_a=math.nan, success_null_b=math.nan) for r in rows]
     c_off = analyse(off)["result"][0]
     assert math.isnan(c_off["null_p"]) and c_off["diff_mean"] == pytest.approx(want["mean"])

@@ -172,7 +172,7 @@ class LLMFreshnessJob:
 
     experiment: LLMFreshnessConfig = field(default_factory=LLMFreshnessConfig)  # team, trainer, pairs, held-out tasks
     out: str = "runs/experiment_freshness_llm"  # output directory (an existing one of the same config is resumed)
-    # also write summary.md here, and pairs.csv beside it as {stem}.csv (e.g. docs/results/freshness_llm.md)
+    # also write summary.md here (a page under docs/results/), and pairs.csv beside it as {stem}.csv
     report: str | None = None
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # the teams' progress and one line per finished pair on stderr

@@ -256,8 +256,8 @@ def summary_sections(
         "batches independent of S.",
         "- **The chain only, one regime.** A warm-started chain (per-hop pass 0.85) with one-token messages, where "
         "the gap is a pure context shift; nothing here transfers to LLM workers, whose advantages and contexts "
-        "also shift (the LLM-team version of this experiment is not run). Other starting points (far from the "
-        "optimum, after training) are not sampled.",
+        "also shift (the LLM-team version, `orchestra experiment freshness-llm`, has no result yet). Other "
+        "starting points (far from the optimum, after training) are not sampled.",
         "- **Two step sizes, fixed in advance.** A no-difference reading holds for these step sizes and this batch "
         "size only, and only down to its MDE: it is not evidence that freshness never matters.",
         "",

@@ -146,7 +146,9 @@ def summary_sections(
             "stage-start team (S1, S2: the same procedure, only the seed differs): their difference is 0 in "
             f"expectation, so the statistics must not call it different from 0. **{'Passes' if passes else 'FAILS'}**"
             + (
-                ": its p is ≥ 0.05." if passes else ": its p is below 0.05, so the interval above is not to be trusted."
+                (": its p is ≥ 0.05." if math.isfinite(c["null_p"]) else ": every pair's null difference is 0.")
+                if passes
+                else ": its p is below 0.05, so the interval above is not to be trusted."
             ),
             "",
             "| pairs | success S1 | success S2 | S2 − S1 [95% CI] | SD | p | SD of fresh − stale |",
@@ -200,7 +202,9 @@ def summary_sections(
         "",
         "```bash",
         f"orchestra experiment freshness-llm --pairs {cfg.pairs} --eval-tasks {cfg.eval_tasks} "
-        f"--eval-split {cfg.eval_split} --seed {cfg.seed} --out runs/freshness_llm",
+        f"--eval-split {cfg.eval_split} --lr {tr.lr:g} --seed {cfg.seed}"
+        + ("" if cfg.null_check else " --no-null-check")
+        + " --out runs/freshness_llm",
         "```",
         "",
     ]
