@@ -464,6 +464,8 @@ def test_cli_experiment_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
             str(out),
             "--report",
             str(report),
+            "--tables",
+            str(tmp_path / "tables"),
             "--threads",
             "1",
             "--quiet",
@@ -473,6 +475,13 @@ def test_cli_experiment_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert f"summary: {out / 'summary.md'}" in capsys.readouterr().out
     assert {r["scheme"] for r in _csv(out / "evals.csv")} == {"frozen", "teamtr"}
     assert "](finetune_curves.png)" in report.read_text() and (report.parent / "finetune_curves.png").exists()
+    # the published tables (no checkpoints) give the same report with --report-only, as on a fresh clone
+    tables = tmp_path / "tables"
+    assert not list(tables.rglob("*.pt")) and not list(tables.rglob("checkpoints"))
+    flags = ["--schemes", "teamtr", "--eval-tasks", "3", "--quiet", "--report-only"]
+    assert main(["experiment", "llm", "--smoke", *flags, "--out", str(tables)]) == 0
+    for name in ("final.csv", "mechanism.csv", "training.csv", "seed_iqm.csv"):
+        assert (tables / name).read_text() == (out / name).read_text(), name
     assert main(["experiment", "llm", "--smoke", "--schemes", "nope", "--out", str(tmp_path / "x"), "--quiet"]) == 2
     assert "schemes" in capsys.readouterr().err
 

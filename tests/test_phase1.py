@@ -2,24 +2,48 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from orchestra.jobs.phase1 import Phase1Config, ledger_entry
+from orchestra.jobs.phase1 import LedgerError, Phase1Config, ledger_entry, ledger_key, read_ledger
+from orchestra.jobs.phase1_report import forced_md
 from orchestra.report.evaluation import PairedRow
 from orchestra.report.protocol import HeadroomRow, not_shown
+from orchestra.runtime.session import RunOptions
 
 
-def test_the_test_ledger_records_each_released_configuration_once(tmp_path: Path) -> None:
+def test_the_test_ledger_refuses_a_second_evaluation_unless_forced(tmp_path: Path) -> None:
     ledger = tmp_path / "test_ledger.jsonl"
-    entry = {"team": "arithmetic", "conductor": "cql-s0", "config": "cql-a0.1", "tasks": 150, "model_sha256": "ab"}
-    assert ledger_entry(ledger, entry) is True
-    assert ledger_entry(ledger, dict(entry)) is False  # a resumed run adds nothing
-    assert ledger_entry(ledger, {**entry, "model_sha256": "cd"}) is True  # a retrained model is a new evaluation
-    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
-    assert len(lines) == 2 and all("time" in x for x in lines)
+    cfg = Phase1Config()
+    key = ledger_key(cfg, "arithmetic", "cql-s0")
+    first = {"config": "cql-a0.1", "tasks": 150, "model_sha256": "ab"}
+    retrained = {**first, "model_sha256": "cd"}
+    assert ledger_entry(ledger, key, first) is True
+    assert ledger_entry(ledger, key, dict(first)) is False  # a resumed run replays it: nothing added, nothing refused
+    assert ledger_entry(ledger, ledger_key(cfg, "arithmetic", "bc-s0"), first) is True  # another configuration
+    with pytest.raises(LedgerError) as refused:  # the same released configuration, retrained: a second evaluation
+        ledger_entry(ledger, key, retrained)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{ledger}: ")
+    assert '"conductor": "cql-s0"' in message and '"model_sha256": "cd"' in message and "--force-test REASON" in message
+    with pytest.raises(LedgerError):
+        ledger_entry(ledger, key, retrained, force="  ")  # a reason must be written
+    assert len(read_ledger(ledger)) == 2
+    assert ledger_entry(ledger, key, retrained, force="the encoder dropped a feature") is True
+    assert ledger_entry(ledger, key, retrained) is False  # the forced evaluation resumes without being forced again
+    with pytest.raises(LedgerError):  # back to the first model is a third evaluation, not a resume
+        ledger_entry(ledger, key, first)
+    # a replicate run (other sampling seeds) is its own declared entry
+    replicate = ledger_key(dataclasses.replace(cfg, run=RunOptions(seed=1)), "arithmetic", "cql-s0")
+    assert replicate != key and ledger_entry(ledger, replicate, first) is True
+    entries = read_ledger(ledger)
+    assert [e.get("forced") for e in entries] == [None, None, "the encoder dropped a feature", None]
+    assert all("time" in e for e in entries)
+    (listed,) = [ln for ln in forced_md(entries) if ln.startswith("| arithmetic")]
+    assert "cql-s0" in listed and "the encoder dropped a feature" in listed and "model_sha256 cd" in listed
+    assert forced_md(entries[:2]) == []
 
 
 def test_learner_configurations_cover_every_alpha_and_keep_checkpoints() -> None:
@@ -132,3 +156,12 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     again = run_phase1(cfg, out)  # a rerun resumes: no new test evaluation, the same tables
     assert res.paths["ledger"].read_text().splitlines() == ledger
     assert [h.learner_success_mean for h in again.headroom] == [h.learner_success_mean for h in res.headroom]
+    more = dataclasses.replace(cfg, eval_episodes=9)  # more test tasks: a second evaluation of the same menu
+    with pytest.raises(LedgerError, match="--force-test REASON"):
+        run_phase1(more, out)
+    assert res.paths["ledger"].read_text().splitlines() == ledger  # refused before anything was played or dropped
+    forced = run_phase1(dataclasses.replace(more, force_test="a ninth task"), out)
+    entries = read_ledger(forced.paths["ledger"])
+    assert len(entries) == 2 * len(ledger) and {e["forced"] for e in entries[len(ledger) :]} == {"a ninth task"}
+    summary = forced.paths["summary"].read_text()
+    assert "### Forced test evaluations" in summary and summary.count("| a ninth task |") == len(ledger)

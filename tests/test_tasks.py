@@ -248,13 +248,13 @@ def test_jsonl_checker(jsonl_path: Path) -> None:
     tasks = {t.prompt: t for sp in SPLITS for t in fam.generate(sp, len([i for i in fam.items if i.split == sp]), 0)}
     assert len(tasks) == len(JSONL_LINES)
     paris = tasks["What is the capital of France?"]
-    assert paris.id == "qa-cap-fr" and paris.metadata["kind"] == "text"
+    assert paris.id == "qa-cap-fr" and paris.metadata["kind"] == "qa"
     assert fam.verify(paris, "I think so.\nAnswer: paris!").correct
     assert fam.verify(paris, "It is\nParis").correct
     assert not fam.verify(paris, "Answer: Lyon").correct
     assert fam.verify(tasks["Which tower is in Paris?"], "Answer: Eiffel tower.").correct
     pi = tasks["Pi to 5 places?"]
-    assert pi.metadata["kind"] == "numeric"
+    assert pi.metadata["kind"] == "qa"  # one kind whatever the answer: a kind read off it would leak it
     assert fam.verify(pi, "#### 3.14159").correct and not fam.verify(pi, "#### 3.14").correct
     car = tasks["Price of the car?"]
     assert fam.verify(car, "It costs 1200 dollars").correct and fam.verify(car, "Answer: $1,200").correct

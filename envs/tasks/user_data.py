@@ -18,6 +18,13 @@ format          fields                                                          
                 ``check(candidate)`` function)
 ==============  ===================================================================  =====================================
 
+What a reply offers as its answer (the candidate the env records, from which the action mask and the format
+penalty follow) is read from the reply alone, never according to the expected answer: a ``qa`` item has one kind
+whether its answer is a number or text, its candidate is the reply's marked answer (``Answer:``, ``####``) or last
+line, and only the score compares it with the answer, numerically when that is a number; a ``gsm8k`` candidate is
+the number the reply states. The worked solution (``rationale``), the hidden tests and unrecognised fields are
+hidden from tools.
+
 Every record may carry ``id`` (unique), ``difficulty`` (int, default 1) and ``split`` (``train`` / ``test``,
 overriding the split by content hash; a ``datasets`` folder's own ``train`` / ``test`` splits count the same); other
 fields are kept in ``metadata["extra"]``. Code tasks get a ``test_runner`` tool that runs only the *visible* tests
@@ -238,7 +245,7 @@ class Item:
     where: str
     prompt: str
     answer: str
-    kind: str  # numeric | text | math | code
+    kind: str  # qa | numeric | math | code (a function of the format, never of the answer)
     id: str | None = None
     difficulty: int = 1
     split: Split | None = None
@@ -276,9 +283,9 @@ def parse_record(record: Mapping[str, Any], fmt: str, where: str) -> Item:
         a = record.get("answer")
         if isinstance(a, bool) or not isinstance(a, str | int | float) or (isinstance(a, str) and not a.strip()):
             raise UserDataError(f"{where}: 'answer' must be a non-empty string or a number")
-        answer = str(a)
-        kind = "numeric" if parse_number(answer.strip()) is not None else "text"
-        return Item(where, _string(record, "question", where), answer, kind)
+        # one kind for every qa item: a kind read off the answer ("numeric" when it parses) would tell whoever sees
+        # the metadata, and the candidate the env reads from a reply, something about the answer
+        return Item(where, _string(record, "question", where), str(a), "qa")
     if fmt == "gsm8k":
         rationale = _string(record, "answer", where)
         if "####" not in rationale:
@@ -451,26 +458,45 @@ def check_item(task: Task, text: str, **sandbox: Any) -> Verdict:
         if normalize_math(got) == normalize_math(task.answer) or (want_v is not None and want_v == got_v):
             return Verdict(1.0, f"correct: {got!r}", got)
         return Verdict(0.0, f"wrong: {got!r}, expected {task.answer!r}", got)
-    if kind == "numeric":
-        want = parse_number(task.answer)
+    if kind == "numeric":  # GSM8K: the format says the answer is a number
         got_n, rule = extract_number_with_rule(text)
-        if got_n is None or want is None:
+        if got_n is None:
             return Verdict(0.0, "no number found in the answer", None)
-        g = parse_number(got_n)
-        assert g is not None
-        tol = max(float(meta.get("abs_tol", 1e-9)), float(meta.get("rel_tol", 1e-6)) * abs(float(want)))
-        if abs(float(g) - float(want)) <= tol:
-            return Verdict(1.0, f"correct: {got_n} (rule {rule!r})", got_n)
-        return Verdict(0.0, f"wrong: read {got_n} (rule {rule!r}), expected {task.answer}", got_n)
+        return _numeric_verdict(task, text, got_n)
+    # qa (and "text", the kind of tasks stored before qa had one kind): what the reply offers is read from the reply
+    # alone, the same way whatever the answer, so the candidate the env records (and the action mask that follows
+    # from it) cannot depend on the answer; only the score compares it with the answer, numerically when that is a
+    # number
     seg = extract_marked(text)
     if seg is None:
         lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
         seg = lines[-1] if lines else None
     if seg is None:
         return Verdict(0.0, "empty answer", None)
+    if parse_number(task.answer.strip()) is not None:
+        return _numeric_verdict(task, text, seg)
     if normalize_text(seg) == normalize_text(task.answer):
         return Verdict(1.0, f"correct: {seg!r}", seg)
     return Verdict(0.0, f"wrong: {seg!r}, expected {task.answer!r}", seg)
+
+
+def _numeric_verdict(task: Task, text: str, extracted: str) -> Verdict:
+    """The score of ``text`` against a numeric answer (the number it states, by the rules of
+    :func:`~envs.tasks.extract.extract_number_with_rule`, within the task's tolerance); ``extracted``, the candidate
+    the reply offers, is returned whatever the answer."""
+    meta = task.metadata
+    want = parse_number(task.answer.strip())
+    got_n, rule = extract_number_with_rule(text)
+    if want is None:
+        return Verdict(0.0, f"the expected answer {task.answer!r} is not a number", extracted)
+    if got_n is None:
+        return Verdict(0.0, "no number found in the answer", extracted)
+    g = parse_number(got_n)
+    assert g is not None
+    tol = max(float(meta.get("abs_tol", 1e-9)), float(meta.get("rel_tol", 1e-6)) * abs(float(want)))
+    if abs(float(g) - float(want)) <= tol:
+        return Verdict(1.0, f"correct: {got_n} (rule {rule!r})", extracted)
+    return Verdict(0.0, f"wrong: read {got_n} (rule {rule!r}), expected {task.answer}", extracted)
 
 
 def visible_test_runner(task: Task, transcript: Sequence[Mapping[str, Any]]) -> ToolResult:
@@ -588,8 +614,10 @@ class UserDataFamily:
         }
         tid = f"{self.name}-{it.id}" if it.id is not None else content_id(self.name, it.prompt)
         assert it.split is not None
-        # the verifier's tests and any unrecognised field (it may hold a solution) are kept from tools
-        return Task(tid, self.name, it.split, it.prompt, it.answer, it.difficulty, seed, meta, ("tests", "extra"))
+        # the verifier's tests, GSM8K's worked solution and any unrecognised field (it may hold a solution) are kept
+        # from tools
+        hidden = ("tests", "rationale", "extra")
+        return Task(tid, self.name, it.split, it.prompt, it.answer, it.difficulty, seed, meta, hidden)
 
     def generate(self, split: Split, n: int, seed: int, difficulty: int | None = None) -> list[Task]:
         """``n`` items of ``split`` (and ``difficulty`` if given) in a seeded shuffle; UserDataError if the data

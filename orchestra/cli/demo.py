@@ -25,6 +25,7 @@ def _demo(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("phase1.run.cache_path", "--cache"),
             Opt("phase1.run.progress", "--quiet", help="no progress bars or progress lines"),
             Opt("phase1.run.serial", "--serial"),
+            Opt("phase1.force_test", "--force-test", metavar="REASON"),
         ],
     )
 

@@ -97,6 +97,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         [
             "out",
             Opt("report", "--report", help="also write summary.md here (e.g. docs/results/finetune.md)"),
+            Opt("tables", "--tables"),
             Opt(
                 "experiment.schemes",
                 "--schemes",

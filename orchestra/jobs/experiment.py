@@ -76,6 +76,9 @@ class LLMExperimentJob:
     experiment: LLMExperimentConfig = field(default_factory=LLMExperimentConfig)  # team, schemes, seeds, held-out tasks
     out: str = "runs/experiment_llm"  # output directory (an existing one of the same config is resumed)
     report: str | None = None  # also write summary.md here (and its plot beside it), e.g. docs/results/finetune.md
+    # also copy the run's tables here without its checkpoints (config, evals.csv, each run's update and stage
+    # tables), from which --report-only --out THERE writes the same report on a fresh clone
+    tables: str | None = None
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # one line per evaluation and run on stderr
     tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
@@ -93,6 +96,10 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
     result = run_llm_experiment(
         job.experiment, job.out, say=stderr_say(job.progress), tensorboard=job.tensorboard, play=not job.report_only
     )
+    if job.tables:
+        from orchestra.experiments.llm.run import publish_tables
+
+        publish_tables(job.out, job.tables)
     if job.report:
         publish(result.summary, Path(job.report))
     return result

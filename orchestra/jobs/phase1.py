@@ -88,6 +88,10 @@ class Phase1Config:
     n_steps_per_epoch: int = 500  # steps per metrics row / checkpoint
     fqe_steps: int = 1500  # FQE gradient steps per policy
     distill_depth: int = 4  # depth of the distilled decision tree
+    # evaluate on test again a released configuration the test ledger already holds with other details (a
+    # retrained model, a changed team file, another number of tasks), for the reason given here: it is recorded in
+    # the ledger and listed in the report. Without it such an evaluation is refused
+    force_test: str | None = None
     run: RunOptions = RunOptions()  # seed (tasks, exploration), envs, cache, progress
 
     @classmethod
@@ -225,8 +229,9 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         f"test {cfg.eval_episodes}; training seeds {', '.join(map(str, cfg.seeds))}; run seed {cfg.run.seed}."
         + (f" Produced by `{command}`." if command else "")
     )
-    n_ledger = len([ln for ln in test.ledger.read_text(encoding="utf-8").splitlines() if ln.strip()])
-    summary = summary_md(scale, tables, test.episodes, n_ledger, fqe_rows, selection, rules, cfg.seeds, cfg.run.seed)
+    summary = summary_md(
+        scale, tables, test.episodes, read_ledger(test.ledger), fqe_rows, selection, rules, cfg.seeds, cfg.run.seed
+    )
     elapsed = time.perf_counter() - t0
     summary.append(f"Run time: {elapsed:.0f} s on this machine.")
     md = out / "summary.md"
@@ -379,12 +384,13 @@ def evaluate_on_test(run: _Run, val: _Validation, learned: _Learned) -> _Test:
         n_test = min(cfg.eval_episodes, cfg.test_caps.get(name, cfg.eval_episodes))
         ledger_entry(
             ledger,
+            ledger_key(cfg, name, "menu"),
             {
-                "team": name,
                 "conductors": [*run.menus[name], "random"],
                 "tasks": n_test,
                 "team_file_sha256": hashlib.sha256(team_file).hexdigest(),
             },
+            cfg.force_test,
         )
         test.episodes += run.play(name, [*run.menus[name], "random"], "test", n_test, menu_path)
         test.learners[name] = {}
@@ -397,17 +403,13 @@ def evaluate_on_test(run: _Run, val: _Validation, learned: _Learned) -> _Test:
                     train_offline(learned.datasets[name], oc, folder, resume="if_same")
                 lab = f"{algo}-s{seed}"
                 path = out / "test" / name / f"{lab}.jsonl"
-                drop_stale_evaluation(path, folder)
-                ledger_entry(
+                ledger_entry(  # before a stale evaluation is dropped: a refused one leaves the run as it was
                     ledger,
-                    {
-                        "team": name,
-                        "conductor": lab,
-                        "config": label,
-                        "tasks": n_test,
-                        "model_sha256": model_digest(folder),
-                    },
+                    ledger_key(cfg, name, lab),
+                    {"config": label, "tasks": n_test, "model_sha256": model_digest(folder)},
+                    cfg.force_test,
                 )
+                drop_stale_evaluation(path, folder)
                 test.episodes += run.play(name, [f"{lab}:{folder}"], "test", n_test, path)
                 test.learners[name][algo].append(lab)
     return test
@@ -504,20 +506,58 @@ def fqe_estimate(
     return r.estimate
 
 
-def ledger_entry(path: Path, entry: dict[str, object]) -> bool:
-    """Append a test evaluation to the run's ledger unless the same one is there already (a resumed run);
-    returns whether it was new. The ledger is the record that the test split was used once per released
-    configuration: a changed model or team file is a new line."""
-    key = json.dumps(entry, sort_keys=True)
-    seen = set()
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                seen.add(json.dumps({k: v for k, v in json.loads(line).items() if k != "time"}, sort_keys=True))
-    if key in seen:
+class LedgerError(ValueError):
+    """A second test evaluation of a released configuration, refused (``Phase1Config.force_test`` forces it)."""
+
+
+def ledger_key(cfg: Phase1Config, team: str, conductor: str) -> dict[str, object]:
+    """What names one test evaluation in the ledger: the team, the conductor (``menu`` for the whole menu, or a
+    released learner ``ALGO-sSEED``, whose training seed is in its label) and the sampling seeds, the run seed from
+    which the test tasks and every episode's sampling seed derive. A run with other sampling seeds (a replicate)
+    is its own entry."""
+    return {"team": team, "conductor": conductor, "split": "test", "run_seed": cfg.run.seed}
+
+
+def read_ledger(path: Path) -> list[dict[str, object]]:
+    """The entries of a test ledger, oldest first (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def ledger_entry(path: Path, key: dict[str, object], details: dict[str, object], force: str | None = None) -> bool:
+    """Record a test evaluation in the run's ledger; returns whether it is new.
+
+    The ledger is the record that the test split was used once per released configuration. ``key`` names the
+    evaluation (:func:`ledger_key`), ``details`` what it was made with (the model's or the team file's digest, the
+    number of tasks). The rule:
+
+    * the key's latest entry has the same details: a resumed run replaying that evaluation (same run directory,
+      same model, team file and tasks); nothing is added, and a forced entry resumes without being forced again;
+    * the key is new: the first evaluation of that configuration, appended;
+    * the key is there with other details: a second evaluation of a released configuration (a retrained model,
+      a changed team file, more tasks), refused with a :class:`LedgerError` naming the ledger, the entry and how
+      to force it, unless ``force`` gives the reason; a forced entry is appended with ``forced``: the reason.
+    """
+    entry = json.loads(json.dumps({**key, **details}))  # tuples as lists, as they read back
+    earlier = [e for e in read_ledger(path) if all(e.get(k) == v for k, v in entry.items() if k in key)]
+    if earlier and {k: v for k, v in earlier[-1].items() if k not in ("time", "forced")} == entry:
         return False
+    if earlier and not (force and force.strip()):
+        last = {k: v for k, v in earlier[-1].items() if k not in key and k != "time"}
+        raise LedgerError(
+            f"{path}: {json.dumps(key, sort_keys=True)} was evaluated on test already ({json.dumps(last, sort_keys=True)}"
+            f", now {json.dumps(details, sort_keys=True)}); a second test evaluation of a released configuration is "
+            "refused: give --force-test REASON (Phase1Config.force_test) to run it anyway, the reason recorded"
+        )
+    line = {
+        **entry,
+        **({"forced": force.strip()} if earlier and force else {}),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps({**entry, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+        f.write(json.dumps(line) + "\n")
     return True
 
 
@@ -564,11 +604,14 @@ def reproduce(cfg: ReproduceConfig) -> Phase1Result:
 
 __all__ = [
     "drop_stale_evaluation",
+    "LedgerError",
     "ledger_entry",
     "model_digest",
     "Phase1Config",
     "Phase1Result",
     "ReproduceConfig",
+    "ledger_key",
+    "read_ledger",
     "reproduce",
     "run_phase1",
 ]

@@ -4,7 +4,7 @@ of the test, the cost–quality plane, and the text of ``summary.md``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +137,7 @@ def summary_md(
     scale: str,
     tables: Tables,
     test_eps: list[Episode],
-    n_ledger: int,
+    ledger: Sequence[Mapping[str, object]],
     fqe_rows: list[FQERow],
     selection: dict[str, stats.FQESelection],
     rules: dict[str, str],
@@ -147,6 +147,7 @@ def summary_md(
     """The lines of ``summary.md`` (the run time is appended by the caller); ``scale``, its sentence on the tasks,
     seeds and command of the run."""
     caveats = not_shown(tables.headroom, tables.paired, seeds, run_seed)
+    n_forced = sum(1 for e in ledger if e.get("forced"))
     summary = [
         "# Phase 1: learned conductors vs a menu of fixed schedules",
         "",
@@ -154,8 +155,9 @@ def summary_md(
         "",
         "The menu is every rule of a team's file; the best fixed schedule and every learner's hyperparameters are "
         "chosen on validation; the test split is evaluated once per released configuration "
-        f"(`test_ledger.jsonl`: {n_ledger} entries).",
+        f"(`test_ledger.jsonl`: {len(ledger)} entries, {n_forced} forced).",
         "",
+        *forced_md(ledger),
         "## Headroom: the oracle router over the menu, and what each learner captures",
         "",
         "Oracle: per test task, the best schedule of the menu in hindsight (a success if any schedule succeeds; "
@@ -214,6 +216,29 @@ def summary_md(
     return summary
 
 
+def forced_md(ledger: Sequence[Mapping[str, object]]) -> list[str]:
+    """The section listing every forced test evaluation among the ledger's entries, with its reason (no lines when
+    none was forced)."""
+    forced = [e for e in ledger if e.get("forced")]
+    if not forced:
+        return []
+    lines = [
+        "",
+        "### Forced test evaluations",
+        "",
+        "Each is a second evaluation on test of a configuration the ledger already held (`--force-test REASON`); "
+        "its numbers are not from a test split used once.",
+        "",
+        "| team | conductor | run seed | evaluated with | reason | time |",
+        "|---|---|---:|---|---|---|",
+    ]
+    skip = ("team", "conductor", "split", "run_seed", "forced", "time")
+    for e in forced:
+        what = ", ".join(f"{k} {str(v)[:12] if k.endswith('sha256') else v}" for k, v in e.items() if k not in skip)
+        lines.append(f"| {e['team']} | {e['conductor']} | {e['run_seed']} | {what} | {e['forced']} | {e['time']} |")
+    return lines
+
+
 def best_of(rows: Sequence[ResultRow], names: Sequence[str]) -> ResultRow:
     cand = [r for r in rows if r.conductor in names]
     return max(cand, key=lambda r: (r.success_rate, r.mean_return, [-ord(c) for c in r.conductor]))
@@ -226,4 +251,4 @@ def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]
     return out
 
 
-__all__ = ["Tables", "best_of", "report_tables", "summary_md"]
+__all__ = ["Tables", "best_of", "forced_md", "report_tables", "summary_md"]

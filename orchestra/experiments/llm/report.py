@@ -33,8 +33,14 @@ def _pct(v: float) -> str:
 def _setting(cfg: LLMExperimentConfig, seconds: float | None) -> list[str]:
     team, tr = cfg.team, cfg.trainer
     steps = " → ".join(team.pipeline) if team.pipeline else f"the team file's {team.conductor!r} schedule"
+    lrs = cfg.scheme_lrs()
+    lr_text = f"lr {tr.lr:g}" + (
+        " (" + ", ".join(f"{s} {lr:g}" for s, lr in lrs.items()) + ": per scheme, by `orchestra experiment llm-tune`)"
+        if lrs
+        else ""
+    )
     return [
-        "# Fine-tuning a real LLM team: TeamTR vs naive, joint and HAPPO against the frozen team",
+        f"# Fine-tuning a real LLM team: {' vs '.join(cfg.schemes)} against the frozen team",
         "",
         f"Team `{team.team}` (family {team.family or 'of the team file'}, difficulty "
         f"{team.difficulty if team.difficulty is not None else 'mixed'}), fixed conductor `{team.conductor}`: {steps}. "
@@ -46,8 +52,9 @@ def _setting(cfg: LLMExperimentConfig, seconds: float | None) -> list[str]:
         f"{cfg.episode_stage('naive')} for equal episodes"
         + (f"; teamtr also runs {cfg.long_stages}, the equal-updates control" if cfg.long_stages else "")
         + f"), batches of {tr.batch_size} episodes "
-        f"({tr.batch_size // team.group_size} tasks × G = {team.group_size}), {tr.optimizer} lr {tr.lr:g} "
-        f"(optimizer state {tr.optimizer_state}), {tr.num_epochs} epoch(s), trust region {tr.trust_region} with δ = "
+        f"({tr.batch_size // team.group_size} tasks × G = {team.group_size}), {tr.optimizer} {lr_text} "
+        f"(optimizer state {tr.optimizer_state}), {tr.num_epochs} epoch(s) × {tr.num_minibatches} minibatch(es), "
+        f"trust region {tr.trust_region} with δ = "
         f"{tr.delta} per token, advantage {tr.advantage}. Schemes: {', '.join(cfg.schemes)}; {cfg.seeds} seeds "
         "(paired: a seed gives every scheme the same initial adapters and trainer seed).",
         "",

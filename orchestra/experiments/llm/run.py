@@ -234,6 +234,28 @@ def run_llm_experiment(
     return finish(out, tables, sections, nan="nan")
 
 
+# what a run directory keeps besides its checkpoints: enough for ``--report-only`` to write the whole report
+RUN_TABLES = ("config.json", "updates.csv", "stages.csv")
+
+
+def publish_tables(out_dir: str | Path, dest: str | Path) -> Path:
+    """Copy the experiment's tables out of ``out_dir`` into ``dest`` without the checkpoints: ``config.json``,
+    ``evals.csv`` and each run's :data:`RUN_TABLES`, so that ``orchestra experiment llm --report-only --out DEST``
+    writes the same report on a fresh clone (the tables ship in git; the checkpoints, hundreds of MB, do not)."""
+    import shutil
+
+    src, dst = Path(out_dir), Path(dest)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in (CONFIG_FILE, "evals.csv"):
+        shutil.copyfile(src / name, dst / name)
+    for run in sorted(p for p in (src / "runs").glob("*-seed*") if p.is_dir()):
+        (dst / "runs" / run.name).mkdir(parents=True, exist_ok=True)
+        for name in RUN_TABLES:
+            if (run / name).exists():
+                shutil.copyfile(run / name, dst / "runs" / run.name / name)
+    return dst
+
+
 __all__ = [
     "EVAL_COLUMNS",
     "EVAL_FIELDS",
@@ -243,5 +265,6 @@ __all__ = [
     "evaluate",
     "expected_evaluations",
     "held_out_tasks",
+    "publish_tables",
     "run_llm_experiment",
 ]
