@@ -80,6 +80,10 @@ def test_smoke_tuning_runs_every_scheme_at_every_lr_and_writes_a_choice_the_expe
     tuned = replace(LLMExperimentConfig(), lr_by_scheme=tuple(selection["lr_by_scheme"]))
     assert {s: tuned.trainer_config(s, 0).lr for s in chosen} == chosen
     assert "Rule, fixed before the runs" in result.summary.read_text()
+    frozen = [float(e["success"]) for e in _csv(out / lr_dir(cfg.lrs[0]) / "evals.csv") if e["scheme"] == "frozen"]
+    assert (
+        f"reference every score below is read against: {sum(frozen) / len(frozen):.1%}." in result.summary.read_text()
+    )
     # resume: a second run plays nothing and tabulates the same
     before = (out / "tuning.csv").read_text()
     run_llm_tuning(cfg, out, say=lambda _: None)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra.experiments.harness import ExperimentResult, Say, cell, finish, read_rows, stderr_say
-from orchestra.experiments.llm.config import LLM_EXPERIMENT_TRAINER, LLMExperimentConfig
+from orchestra.experiments.llm.config import FROZEN, LLM_EXPERIMENT_TRAINER, LLMExperimentConfig
 from trajectories.rundir import CONFIG_FILE, check_config, write_config
 
 SELECTION_RULE = (
@@ -78,9 +78,9 @@ def lr_dir(lr: float) -> str:
 
 
 def _score(cfg: LLMExperimentConfig, evals: list[dict[str, Any]], scheme: str) -> tuple[float, int]:
-    """Mean validation success of ``scheme`` at its equal-episodes stage over seeds and tasks, and the rows read
+    """Mean validation success of ``scheme`` at its equal-episodes stage (the frozen team: stage 0) over seeds and tasks, and the rows read
     (NaN, 0 until every seed has every task)."""
-    stage = cfg.episode_stage(scheme)
+    stage = 0 if scheme == FROZEN else cfg.episode_stage(scheme)
     got = [r["success"] for r in evals if r["scheme"] == scheme and r["stage"] == stage]
     if len(got) < cfg.seeds * cfg.eval_tasks:
         return math.nan, len(got)
@@ -117,6 +117,7 @@ def run_llm_tuning(
         check_config(out / CONFIG_FILE, cfg, hint="use another output directory")
     write_config(out, cfg)
     table: list[dict[str, Any]] = []
+    frozen = math.nan  # the untrained team's validation success (the same in every learning rate's run)
     for lr in cfg.lrs:
         run_cfg, sub = cfg.run_config(lr), out / lr_dir(lr)
         if play or (sub / CONFIG_FILE).exists():
@@ -125,6 +126,8 @@ def run_llm_tuning(
         evals = read_rows(sub / "evals.csv", EVAL_COLUMNS) if (sub / "evals.csv").exists() else []
         mech_path = sub / "mechanism.csv"
         mech = {r["scheme"]: r for r in read_rows(mech_path, MECHANISM_COLUMNS)} if mech_path.exists() else {}
+        if math.isnan(frozen):
+            frozen, _ = _score(run_cfg, evals, FROZEN)
         for scheme in run_cfg.schemes:
             score, n = _score(run_cfg, evals, scheme)
             m = mech.get(scheme, {})
@@ -144,7 +147,7 @@ def run_llm_tuning(
     flags = [f"{s}={lr:g}" for s, lr in chosen.items()]
     selection = dict(rule=SELECTION_RULE, lr_by_scheme=flags, flag="--lr-by-scheme " + " ".join(flags))
     (out / "selection.json").write_text(json.dumps(selection, indent=2) + "\n")
-    return finish(out, {"tuning": table}, {"summary": _summary(cfg, table, chosen)}, nan="nan")
+    return finish(out, {"tuning": table}, {"summary": _summary(cfg, table, chosen, frozen)}, nan="nan")
 
 
 MECHANISM_COLUMNS = {
@@ -157,7 +160,7 @@ MECHANISM_COLUMNS = {
 }
 
 
-def _summary(cfg: LLMTuneConfig, table: list[dict[str, Any]], chosen: dict[str, float]) -> list[str]:
+def _summary(cfg: LLMTuneConfig, table: list[dict[str, Any]], chosen: dict[str, float], frozen: float) -> list[str]:
     e = cfg.experiment
     t = e.trainer
     lines = [
@@ -170,6 +173,10 @@ def _summary(cfg: LLMTuneConfig, table: list[dict[str, Any]], chosen: dict[str, 
         f"δ = {t.delta}; held out: {e.eval_tasks} `{e.eval_split}` tasks, the same for every run.",
         "",
         f"Rule, fixed before the runs: {SELECTION_RULE}. δ, epochs and minibatches are not tuned.",
+        "",
+        "The untrained (frozen) team's validation success, the reference every score below is read against: "
+        + ("—" if math.isnan(frozen) else f"{frozen:.1%}")
+        + ".",
         "",
         "| scheme | lr | stage | validation success | steps / update | trust region acted | KL / δ | "
         "clip during steps | chosen |",
