@@ -99,6 +99,25 @@ def read_rows(path: Path, columns: Mapping[str, Callable[[str], Any]], optional:
     return rows
 
 
+def open_run_dir(out_dir: str | Path, cfg: Any, *, may_differ: Sequence[str] = ()) -> tuple[Path, bool]:
+    """An experiment's output directory, created if need be, with ``cfg`` as its ``config.json``: (the directory,
+    whether it already held one, i.e. the run resumes). A directory of another config is refused.
+
+    Raises:
+        ConfigMismatchError: ``out_dir`` holds a ``config.json`` that differs from ``cfg`` in a field other than
+            ``may_differ`` (naming every field).
+    """
+    from trajectories.rundir import CONFIG_FILE, check_config, write_config
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    resume = (out / CONFIG_FILE).exists()
+    if resume:
+        check_config(out / CONFIG_FILE, cfg, may_differ=tuple(may_differ), hint="use another output directory")
+    write_config(out, cfg)
+    return out, resume
+
+
 class RowLog(Generic[K]):
     """An experiment's rows file, resumed: the rows of its complete cells (:attr:`rows`, :attr:`done`), and every
     cell finished from now on appended (:meth:`add`) the moment it is.
@@ -191,6 +210,7 @@ __all__ = [
     "finish",
     "join_sections",
     "maybe_float",
+    "open_run_dir",
     "pval",
     "read_rows",
     "stderr_say",

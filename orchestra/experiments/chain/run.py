@@ -32,11 +32,19 @@ import torch
 from orchestra.experiments.chain.analysis import analyse, run_curves
 from orchestra.experiments.chain.config import ChainExperimentConfig, chain_config, trainer_config
 from orchestra.experiments.chain.report import plot, summary_sections
-from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, maybe_float, stderr_say
+from orchestra.experiments.harness import (
+    ExperimentResult,
+    RowLog,
+    Say,
+    finish,
+    maybe_float,
+    open_run_dir,
+    stderr_say,
+)
 from orchestra.teamtr.chain import ChainTeam, Matrix, drift_b, drift_d, policy_matrices, stale_gap_terms, warm_start
 from orchestra.teamtr.chain_team import ChainTrainable
 from orchestra.teamtr.trainer import TrainHooks, train
-from trajectories.rundir import CONFIG_FILE, MetricsWriter, check_config, write_config
+from trajectories.rundir import MetricsWriter
 
 # the columns of runs.csv and how each is read back (a NaN is written empty)
 RUN_COLUMNS: dict[str, Callable[[str], Any]] = dict(
@@ -219,14 +227,9 @@ def run_chain_experiment(
         ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (naming every field).
     """
     talk = say or stderr_say(True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path, runs_path = out / CONFIG_FILE, out / "runs.csv"
-    resume = config_path.exists()
-    if resume:
-        check_config(config_path, cfg, hint="use another output directory")
-    write_config(out, cfg)
+    out, resume = open_run_dir(out_dir, cfg)
+    runs_path = out / "runs.csv"
     log = RowLog(
         runs_path,
         RUN_COLUMNS,

@@ -37,12 +37,11 @@ import torch
 
 from orchestra.experiments.freshness.llm_analysis import ARM_NAMES, STEP_FIELDS, analyse, summary_sections
 from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig, team_config, trainer_config
-from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, stderr_say
+from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, open_run_dir, stderr_say
 from orchestra.experiments.llm.run import evaluate, held_out_tasks
 from orchestra.teamtr.config import TeamTRConfig, seeded_generator
 from orchestra.teamtr.signals import compute_advantages
 from orchestra.teamtr.trainer import Branch, Metrics, TeamSnapshot, train_until, update_agents
-from trajectories.rundir import CONFIG_FILE, check_config, write_config
 
 if TYPE_CHECKING:
     from orchestra.teamtr.llm import LLMTeam
@@ -201,14 +200,8 @@ def run_llm_freshness_experiment(
         ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (naming every field).
     """
     talk = say or stderr_say(True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path = out / CONFIG_FILE
-    resume = config_path.exists()
-    if resume:
-        check_config(config_path, cfg, may_differ=("pairs",), hint="use another output directory")
-    write_config(out, cfg)
+    out, resume = open_run_dir(out_dir, cfg, may_differ=("pairs",))
     log = RowLog(
         out / "pairs.csv", PAIR_COLUMNS, _pair, lambda rows: {_pair(r) for r in rows}, nan="nan", resume=resume
     )

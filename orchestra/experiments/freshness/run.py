@@ -37,7 +37,7 @@ import torch
 
 from orchestra.experiments.freshness.analysis import analyse, summary_sections
 from orchestra.experiments.freshness.config import FreshnessConfig, StepSize, team_config, trainer_config
-from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, read_rows, stderr_say
+from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, open_run_dir, read_rows, stderr_say
 from orchestra.teamtr.chain import (
     ChainTeam,
     Matrix,
@@ -52,7 +52,6 @@ from orchestra.teamtr.chain_team import ChainRollout, ChainTrainable
 from orchestra.teamtr.config import TeamTRConfig, seeded_generator
 from orchestra.teamtr.signals import compute_advantages
 from orchestra.teamtr.trainer import Branch, TeamSnapshot, train_until, update_agents
-from trajectories.rundir import CONFIG_FILE, check_config, write_config
 
 # the columns of pairs.csv and how each is read back: the setting, the exact J of every team state, the arms'
 # realised steps, the stale gap, the null arms, the pair's wall time
@@ -217,14 +216,8 @@ def run_freshness_experiment(cfg: FreshnessConfig, out_dir: str | Path, say: Say
         ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (naming every field).
     """
     talk = say or stderr_say(True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    config_path = out / CONFIG_FILE
-    resume = config_path.exists()
-    if resume:
-        check_config(config_path, cfg, may_differ=("pairs",), hint="use another output directory")
-    write_config(out, cfg)
+    out, resume = open_run_dir(out_dir, cfg, may_differ=("pairs",))
     log = RowLog(out / "pairs.csv", PAIR_COLUMNS, _cell, lambda rows: {_cell(r) for r in rows}, nan="", resume=resume)
     reused = len(log.done)
     for n in cfg.ns:

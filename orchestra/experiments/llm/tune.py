@@ -22,9 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestra.experiments.harness import ExperimentResult, Say, cell, finish, read_rows, stderr_say
+from orchestra.experiments.harness import ExperimentResult, Say, cell, finish, open_run_dir, read_rows, stderr_say
 from orchestra.experiments.llm.config import FROZEN, LLM_EXPERIMENT_TRAINER, LLMExperimentConfig
-from trajectories.rundir import CONFIG_FILE, check_config, write_config
+from trajectories.rundir import CONFIG_FILE
 
 SELECTION_RULE = (
     "per scheme, the learning rate with the highest mean validation success at the scheme's equal-episodes stage; "
@@ -111,11 +111,7 @@ def run_llm_tuning(
     from orchestra.experiments.llm.run import EVAL_COLUMNS, run_llm_experiment
 
     talk = say or stderr_say(True)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / CONFIG_FILE).exists():
-        check_config(out / CONFIG_FILE, cfg, hint="use another output directory")
-    write_config(out, cfg)
+    out, _ = open_run_dir(out_dir, cfg)
     table: list[dict[str, Any]] = []
     frozen = math.nan  # the untrained team's validation success (the same in every learning rate's run)
     for lr in cfg.lrs:
