@@ -119,3 +119,26 @@ def test_cli_llm_tune_smoke_writes_the_report_and_its_tables(tmp_path: Path) -> 
         "naive=0.01",
     ]
     assert len(_csv(tmp_path / "docs" / "tuning.csv")) == 2
+    # the published tables (no checkpoints) give the same table with --report-only, as on a fresh clone
+    tables = tmp_path / "tables"
+    assert (
+        main(
+            [
+                "experiment",
+                "llm-tune",
+                "--smoke",
+                "--lrs",
+                "0.01",
+                "--out",
+                str(tmp_path / "t"),
+                "--quiet",
+                "--report-only",
+                "--tables",
+                str(tables),
+            ]
+        )
+        == 0
+    )
+    assert not list(tables.rglob("checkpoints"))
+    rc = main(["experiment", "llm-tune", "--smoke", "--lrs", "0.01", "--out", str(tables), "--quiet", "--report-only"])
+    assert rc == 0 and (tables / "tuning.csv").read_text() == (tmp_path / "t" / "tuning.csv").read_text()

@@ -147,6 +147,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
         [
             "out",
             Opt("report", "--report"),
+            Opt("tables", "--tables"),
             Opt("tune.lrs", "--lrs"),
             Opt("tune.experiment.schemes", "--schemes"),
             Opt("tune.experiment.seeds", "--seeds"),

@@ -113,6 +113,9 @@ class LLMTuneJob:
     out: str = "runs/experiment_llm_tune"  # output directory (an existing one of the same config is resumed)
     # also write summary.md here, tuning.csv beside it as {stem}.csv and selection.json as {stem}_selection.json
     report: str | None = None
+    # also copy the runs' tables here without their checkpoints (the config and each learning rate's tables), from
+    # which --report-only --out THERE writes the same choice and report on a fresh clone
+    tables: str | None = None
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # one line per evaluation and run on stderr
     # train and play nothing: the table and choice from the evaluations already in OUT
@@ -124,11 +127,13 @@ def run_llm_tune_job(job: LLMTuneJob) -> ExperimentResult:
 
     import torch
 
-    from orchestra.experiments.llm.tune import run_llm_tuning
+    from orchestra.experiments.llm.tune import publish_tuning_tables, run_llm_tuning
 
     if job.threads:
         torch.set_num_threads(job.threads)
     result = run_llm_tuning(job.tune, job.out, say=stderr_say(job.progress), play=not job.report_only)
+    if job.tables:
+        publish_tuning_tables(job.tune, job.out, job.tables)
     if job.report:
         report = Path(job.report)
         report.parent.mkdir(parents=True, exist_ok=True)

@@ -146,6 +146,23 @@ def run_llm_tuning(
     return finish(out, {"tuning": table}, {"summary": _summary(cfg, table, chosen, frozen)}, nan="nan")
 
 
+def publish_tuning_tables(cfg: LLMTuneConfig, out_dir: str | Path, dest: str | Path) -> Path:
+    """Copy the tuning's tables out of ``out_dir`` into ``dest`` without checkpoints (its ``config.json`` and each
+    learning rate's run tables: :func:`~orchestra.experiments.llm.run.publish_tables`), so that ``orchestra
+    experiment llm-tune --report-only --out DEST`` writes the same table and choice on a fresh clone."""
+    import shutil
+
+    from orchestra.experiments.llm.run import publish_tables
+
+    src, dst = Path(out_dir), Path(dest)
+    dst.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / CONFIG_FILE, dst / CONFIG_FILE)
+    for lr in cfg.lrs:
+        if (src / lr_dir(lr) / CONFIG_FILE).exists():
+            publish_tables(src / lr_dir(lr), dst / lr_dir(lr))
+    return dst
+
+
 MECHANISM_COLUMNS = {
     "scheme": str,
     "agent_updates": int,
@@ -199,4 +216,12 @@ def _summary(cfg: LLMTuneConfig, table: list[dict[str, Any]], chosen: dict[str, 
     return lines
 
 
-__all__ = ["SELECTION_RULE", "LLMTuneConfig", "choose", "lr_dir", "run_llm_tuning", "tuning_base"]
+__all__ = [
+    "SELECTION_RULE",
+    "LLMTuneConfig",
+    "choose",
+    "lr_dir",
+    "publish_tuning_tables",
+    "run_llm_tuning",
+    "tuning_base",
+]
