@@ -1,11 +1,19 @@
 """``orchestra report RUN_DIR``: one self-contained HTML file of a run (no network: inline CSS and JS, images as
 data URIs), rendered with jinja2 from ``templates/report.html.j2``.
 
-What it holds:
+What it holds, in page order:
 
+* "What this run found": what was run (teams, task families, conductors, tasks from ``results.csv`` /
+  ``paired.csv``; seeds from ``config.json`` when the run has one), one sentence per paired comparison with its 95%
+  interval and verdict, what the numbers do not show (no comparison significant, or which ones are not, and how
+  wide their intervals are at this number of tasks), and the main figure (``cost_quality.png``, the phase-1
+  success–cost plane, else ``cost.png``, else ``success.png``) beside them;
 * every results CSV the run wrote (``results.csv``, ``paired.csv``, ``robustness.csv``, ``headroom.csv``…, found
-  in the run directory and its ``report/`` and ``robustness/`` folders) as tables;
-* every PNG there, embedded;
+  in the run directory and its ``report/`` and ``robustness/`` folders) as tables for people: success-like
+  fractions as percentages with one decimal, differences of them in points, intervals as ``[lo, hi]``, booleans as
+  yes/no, the columns a reader needs first (``MAIN_COLUMNS``) and the rest in a "details" fold; fixed layout with
+  wrapping, so no table scrolls sideways at 1280 px;
+* every other PNG there, embedded, on a two-column grid;
 * a trajectory viewer: per episode, each conductor decision with the legal actions it had, the chosen worker's
   message (tool outputs included), the step's reward, tokens, and the perturbations that touched it; filters by
   family, conductor and outcome; and a side-by-side of two conductors on the same task. Filters can be preset in
@@ -97,7 +105,15 @@ LABELS = {
     "rule_based": "rule-based",
     "entropy_bits": "entropy (bits)",
 }
-PERCENT = {"success_rate", "success", "baseline_success", "clean_success", "oracle_success", "truncated_rate", "top_share"}
+PERCENT = {
+    "success_rate",
+    "success",
+    "baseline_success",
+    "clean_success",
+    "oracle_success",
+    "truncated_rate",
+    "top_share",
+}
 POINTS = {"success_diff", "ni_lower"}  # differences of success fractions, shown in percentage points
 
 
@@ -239,11 +255,14 @@ def _verdicts(paired: list[dict[str, str]]) -> tuple[list[str], str]:
             f"{float(r['mcnemar_p_holm']):.3g} (Holm): {r['verdict']}."
         )
     significant = [r for r in paired if r.get("verdict") in ("better", "worse")]
-    widest = max((100 * (float(r["success_hi"]) - float(r["success_lo"])) for r in paired), default=0.0)
-    tasks = sorted({int(r["n_pairs"]) for r in paired})
+    unclear = [r for r in paired if r not in significant]
+    widest = max((100 * (float(r["success_hi"]) - float(r["success_lo"])) for r in unclear), default=0.0)
+    tasks = sorted({int(r["n_pairs"]) for r in unclear or paired})
     n = "–".join(str(t) for t in (tasks[0], tasks[-1])) if len(tasks) > 1 else str(tasks[0]) if tasks else "0"
     if not paired:
         caveat = ""
+    elif not unclear:
+        caveat = f"All {len(paired)} comparisons are significant (5% level, Holm-adjusted)."
     elif not significant:
         caveat = (
             f"No comparison is significant (5% level, Holm-adjusted across {len(paired)}). At {n} paired tasks per "
