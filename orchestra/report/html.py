@@ -105,6 +105,19 @@ LABELS = {
     "rule_based": "rule-based",
     "entropy_bits": "entropy (bits)",
 }
+VERDICT_COLUMNS = (  # what a headline sentence reads from a paired.csv row
+    "family",
+    "conductor",
+    "baseline",
+    "n_pairs",
+    "success",
+    "baseline_success",
+    "success_diff",
+    "success_lo",
+    "success_hi",
+    "mcnemar_p_holm",
+    "verdict",
+)
 PERCENT = {
     "success_rate",
     "success",
@@ -293,6 +306,10 @@ def _summary(run_dir: Path, plots: list[dict[str, str]]) -> dict[str, Any]:
     """The page's first section: what was run (from results.csv, paired.csv and config.json), the headline
     verdicts, what they do not show, and the main figure."""
     results, paired = _dicts(run_dir, "results"), _dicts(run_dir, "paired")
+    if not all(set(VERDICT_COLUMNS) <= r.keys() for r in paired):  # another table's paired.csv: no sentences
+        paired = []
+    if not all({"family", "conductor", "episodes", "success_rate", "ci_low", "ci_high"} <= r.keys() for r in results):
+        results = []
     rows = results or paired
     run: list[tuple[str, str]] = []
     for key, label in (("team", "teams"), ("family", "task families"), ("conductor", "conductors")):
