@@ -19,7 +19,7 @@ import pytest
 
 from orchestra.cli import main
 from orchestra.report.evaluation import evaluation_report
-from orchestra.report.html import ReportError, _verdicts, write_html_report
+from orchestra.report.html import ReportError, _table, _verdicts, write_html_report
 from tests.scripted import arithmetic_team, record_scripted
 from trajectories import TrajectoryWriter
 
@@ -230,3 +230,14 @@ def test_first_screen_at_1280_holds_the_headline_and_no_table_overflows(run_dir:
         check=True,
     )
     assert shot.stat().st_size > 10_000 and _png_size(shot) == (1280, 900)
+
+
+def test_robustness_table_reads_as_percentages_and_points() -> None:
+    header = ["team", "conductor", "perturbation", "tasks", "clean_success", "perturbed_success", "diff", "diff_lo",
+              "diff_hi", "wins", "losses", "p_mcnemar", "p_holm"]  # fmt: skip
+    row = ["arithmetic", "heuristic", "drop=0.3", "10", "0.9", "0.6", "-0.3", "-0.55", "-0.05", "0", "3", "0.2", "0.4"]
+    t = _table("robustness", "r", header, [row])
+    assert t.header[:4] == ["team", "conductor", "perturbation", "tasks"]
+    assert t.rows[0][4:] == ["90.0%", "60.0%", "[−55.0, −5.0]", "0.4"]  # the interval of the difference, in points
+    folded = [h for header, _ in t.details for h in header]
+    assert "Δ success (points)" in folded and "wins" in folded and "team" in folded  # keys repeated in the fold

@@ -78,11 +78,30 @@ MAIN_COLUMNS = {  # file stem -> the columns a reader needs first (an interval b
         "mcnemar_p_holm",
         "verdict",
     ),
-    "headroom": ("family", "conductor", "success_rate", "oracle_success", "captured"),
-    "robustness": ("family", "conductor", "perturbation", "success", "clean_success", "success_diff", "success_lo"),
+    "headroom": (
+        "team",
+        "tasks",
+        "best_fixed",
+        "best_fixed_success",
+        "oracle_success",
+        "headroom",
+        "learner",
+        "learner_success_mean",
+        "captured_mean",
+    ),
+    "robustness": (
+        "team",
+        "conductor",
+        "perturbation",
+        "tasks",
+        "clean_success",
+        "perturbed_success",
+        "diff_lo",
+        "p_holm",
+    ),
     "collapse": ("family", "conductor", "episodes", "distinct", "top_share", "collapsed"),
 }
-KEYS = ("family", "conductor")  # repeated in the details fold so its rows can be read on their own
+KEYS = ("family", "team", "conductor")  # repeated in the details fold so its rows can be read on their own
 DETAIL_WIDTH = 7  # columns per table in the details fold (besides the keys), so none is wider than the page
 LABELS = {
     "success_rate": "success (%)",
@@ -91,6 +110,14 @@ LABELS = {
     "clean_success": "clean success (%)",
     "oracle_success": "oracle success (%)",
     "success_diff": "Δ success (points)",
+    "diff": "Δ success (points)",
+    "perturbed_success": "perturbed success (%)",
+    "best_fixed_success": "best fixed success (%)",
+    "best_on_test_success": "best on test success (%)",
+    "learner_success_mean": "learner success, mean (%)",
+    "captured_mean": "captured, mean (%)",
+    "headroom": "headroom (points)",
+    "p_holm": "McNemar p (Holm)",
     "truncated_rate": "truncated (%)",
     "top_share": "top sequence share (%)",
     "mean_tokens": "tokens / episode",
@@ -126,8 +153,20 @@ PERCENT = {
     "oracle_success",
     "truncated_rate",
     "top_share",
+    "perturbed_success",
+    "best_fixed_success",
+    "best_on_test_success",
+    "learner_success_mean",
+    "captured_mean",
 }
-POINTS = {"success_diff", "ni_lower"}  # differences of success fractions, shown in percentage points
+POINTS = {
+    "success_diff",
+    "ni_lower",
+    "diff",
+    "headroom",
+    "learner_success_sd",
+    "captured_sd",
+}  # differences of success fractions, shown in percentage points
 
 
 @dataclass(frozen=True)
