@@ -1,11 +1,16 @@
 """``orchestra report``: the HTML run report, loaded in a real headless browser (Debian's chromium). The test reads
 the DOM after the page's own JavaScript ran (``--dump-dom``): the episodes' steps are there, and a filter (preset in
 the URL fragment, applied by the same code the filter menus call) hides exactly the episodes it should. A screenshot
-is saved in the run directory. Without chromium the browser test is skipped, with that reason."""
+is saved in the run directory. A second browser test measures the page at 1280 × 900 px (a script added to a copy of
+the page writes the measurements into the DOM before it is dumped): the first viewport holds the "What this run
+found" section and its figure, and no table is wider than its container (every fold opened); the first screen is
+kept as ``report_first_screen.png``. Without chromium the browser tests are skipped, with that reason."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import struct
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,7 +19,7 @@ import pytest
 
 from orchestra.cli import main
 from orchestra.report.evaluation import evaluation_report
-from orchestra.report.html import ReportError, write_html_report
+from orchestra.report.html import ReportError, _table, _verdicts, write_html_report
 from tests.scripted import arithmetic_team, record_scripted
 from trajectories import TrajectoryWriter
 
@@ -66,7 +71,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _dom(url: str, tmp: Path) -> str:
+def _dom(url: str, tmp: Path, *extra: str) -> str:
     assert CHROMIUM is not None
     cmd = [
         CHROMIUM,
@@ -74,6 +79,7 @@ def _dom(url: str, tmp: Path) -> str:
         "--no-sandbox",
         "--disable-gpu",
         f"--user-data-dir={tmp / 'profile'}",
+        *extra,
         "--dump-dom",
         url,
     ]
@@ -130,3 +136,108 @@ def test_cli_report(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
     assert "9 more not embedded" in target.read_text(encoding="utf-8")
     assert main(["report", str(tmp_path / "nothing")]) != 0
     assert "no such run directory" in capsys.readouterr().err
+
+
+MEASURE = """<script>
+window.addEventListener("load", function () {
+  document.querySelectorAll("details").forEach(function (d) { d.open = true; });
+  var box = function (el) { var r = el.getBoundingClientRect(); return {top: r.top, bottom: r.bottom, height: r.height}; };
+  var img = document.getElementById("main-figure"), head = document.getElementById("summary");
+  var firstTable = document.querySelector("table.data");
+  var out = {
+    viewport: [window.innerWidth, window.innerHeight],
+    page_scroll: document.documentElement.scrollWidth,
+    summary: box(head),
+    figure: img ? Object.assign(box(img), {natural: img.naturalWidth}) : null,
+    summary_first: !!(firstTable && (head.compareDocumentPosition(firstTable) & Node.DOCUMENT_POSITION_FOLLOWING)),
+    tables: Array.prototype.map.call(document.querySelectorAll("table.data"), function (t) {
+      return {scroll: t.scrollWidth, client: t.clientWidth, box_scroll: t.parentElement.scrollWidth,
+              box_client: t.parentElement.clientWidth};
+    })
+  };
+  var pre = document.createElement("pre"); pre.id = "measure"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    w, h = struct.unpack(">II", path.read_bytes()[16:24])
+    return w, h
+
+
+def test_report_leads_with_what_the_run_found(run_dir: Path) -> None:
+    html = write_html_report(run_dir).read_text(encoding="utf-8")
+    head, tables = html.index('id="summary"'), html.index('<table class="data"')
+    assert head < tables  # the headline comes before every table
+    summary = html[head:tables]
+    assert "heuristic, round_robin" in summary and "6 paired tasks" in summary  # what was run
+    assert "round_robin against heuristic on arithmetic" in summary and "[−91.1, +16.1]" in summary
+    assert "No comparison is significant" in summary and 'id="main-figure"' in summary  # the caveat, the figure
+    assert html.count('alt="cost.png"') == 1  # the main figure is not repeated in the plots
+    results = html[html.index('id="table-results"') :]
+    results = results[: results.index("</details>")]
+    assert "<td>100.0%</td>" in results and "<td>[61.0%, 100.0%]</td>" in results  # percentages and intervals
+    assert "<td>yes</td>" in results and "True" not in results and "0.6096" not in results  # yes/no, no raw floats
+    main_header = results[: results.index("<details>")]
+    assert "rule-based" not in main_header and "rule-based" in results  # a secondary column, folded away
+
+
+def test_verdicts_say_what_is_significant() -> None:
+    row = {"conductor": "learned", "baseline": "heuristic", "family": "math", "n_pairs": "40", "success": "0.8",
+           "baseline_success": "0.5", "success_diff": "0.3", "success_lo": "0.12", "success_hi": "0.45",
+           "mcnemar_p_holm": "0.001", "verdict": "better"}  # fmt: skip
+    other = {**row, "family": "code", "success_diff": "0.05", "success_lo": "-0.1", "success_hi": "0.2",
+             "mcnemar_p_holm": "0.6", "verdict": "no clear difference"}  # fmt: skip
+    sentences, caveat = _verdicts([row, other])
+    assert sentences[0].startswith("learned against heuristic on math (40 paired tasks): success 80.0% vs 50.0%")
+    assert "+30.0 points [+12.0, +45.0]" in sentences[0] and sentences[0].endswith("better.")
+    assert caveat.startswith("1 of 2 comparisons are significant") and "30.0 points wide" in caveat
+    assert _verdicts([other])[1].startswith("No comparison is significant")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (.ci/run installs Debian's chromium)")
+def test_first_screen_at_1280_holds_the_headline_and_no_table_overflows(run_dir: Path, tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    report = write_html_report(run_dir)
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text(encoding="utf-8").replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    dom = _dom(probe.as_uri(), tmp_path, "--window-size=1280,900", "--virtual-time-budget=3000")
+    m = json.loads(dom[dom.index('<pre id="measure">') + 18 : dom.index("</pre>", dom.index('id="measure"'))])
+    assert m["viewport"][0] == 1280 and m["summary_first"]  # (headless may report less height: 900 px is the fold)
+    assert m["summary"]["top"] < 200 and m["summary"]["bottom"] <= 900  # the headline section, whole, on screen
+    fig = m["figure"]
+    assert fig is not None and fig["natural"] > 0 and fig["height"] > 250 and fig["bottom"] <= 900
+    assert len(m["tables"]) >= 6  # main tables and their opened folds
+    for t in m["tables"]:
+        assert t["scroll"] <= t["client"] and t["box_scroll"] <= t["box_client"], t
+    assert m["page_scroll"] <= 1280  # no horizontal scroll bar
+    shot = run_dir / "report_first_screen.png"
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'p3'}",
+            "--window-size=1280,900",
+            f"--screenshot={shot}",
+            report.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    assert shot.stat().st_size > 10_000 and _png_size(shot) == (1280, 900)
+
+
+def test_robustness_table_reads_as_percentages_and_points() -> None:
+    header = ["team", "conductor", "perturbation", "tasks", "clean_success", "perturbed_success", "diff", "diff_lo",
+              "diff_hi", "wins", "losses", "p_mcnemar", "p_holm"]  # fmt: skip
+    row = ["arithmetic", "heuristic", "drop=0.3", "10", "0.9", "0.6", "-0.3", "-0.55", "-0.05", "0", "3", "0.2", "0.4"]
+    t = _table("robustness", "r", header, [row])
+    assert t.header[:4] == ["team", "conductor", "perturbation", "tasks"]
+    assert t.rows[0][4:] == ["90.0%", "60.0%", "[−55.0, −5.0]", "0.4"]  # the interval of the difference, in points
+    folded = [h for header, _ in t.details for h in header]
+    assert "Δ success (points)" in folded and "wins" in folded and "team" in folded  # keys repeated in the fold
