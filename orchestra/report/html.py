@@ -132,19 +132,8 @@ LABELS = {
     "rule_based": "rule-based",
     "entropy_bits": "entropy (bits)",
 }
-VERDICT_COLUMNS = (  # what a headline sentence reads from a paired.csv row
-    "family",
-    "conductor",
-    "baseline",
-    "n_pairs",
-    "success",
-    "baseline_success",
-    "success_diff",
-    "success_lo",
-    "success_hi",
-    "mcnemar_p_holm",
-    "verdict",
-)
+# what a headline sentence reads from a paired.csv row: the table's reader columns and the interval's high end
+VERDICT_COLUMNS = (*MAIN_COLUMNS["paired"], "success_hi")
 PERCENT = {
     "success_rate",
     "success",

@@ -81,24 +81,41 @@ def team_config(cfg: FreshnessConfig, n: int, pair: int) -> ChainConfig:
     return replace(cfg.team, n_agents=n, seed=derive_seed(cfg.seed, n, pair, 0, bits=31))
 
 
+def branch_trainer(trainer: TeamTRConfig, seed: int) -> TeamTRConfig:
+    """The trainer a freshness pair branches from, on the chain and on the LLM team alike: naive (one stale batch for
+    the stage), the fixed order 0..n−1, one stage, no per-stage evaluation (the arms are scored by the experiment),
+    seeded by ``seed``; every other knob is ``trainer``'s."""
+    return replace(
+        trainer,
+        scheme="naive",
+        order="fixed",
+        fixed_order=(),
+        num_stages=1,
+        evaluate=False,
+        stale_gap_batch=0,
+        seed=seed,
+    )
+
+
 def trainer_config(cfg: FreshnessConfig, n: int, pair: int, step: StepSize) -> TeamTRConfig:
     """The trainer of pair (n, pair) at ``step``: naive (one stale batch for the stage), fixed order 0..n−1, one
     stage, no per-stage evaluation (the arms are scored exactly by the experiment); its seed depends on (n, pair)
     only, so both step sizes draw the same stale batch."""
     return replace(
-        cfg.trainer,
-        scheme="naive",
-        order="fixed",
-        fixed_order=(),
-        num_stages=1,
+        branch_trainer(cfg.trainer, derive_seed(cfg.seed, n, pair, 1, bits=31)),
         lr=step.lr,
         delta=step.delta,
         num_epochs=step.num_epochs,
         num_minibatches=1,
-        evaluate=False,
-        stale_gap_batch=0,
-        seed=derive_seed(cfg.seed, n, pair, 1, bits=31),
     )
 
 
-__all__ = ["DEFAULT_STEP", "LARGE_STEP", "FreshnessConfig", "StepSize", "team_config", "trainer_config"]
+__all__ = [
+    "DEFAULT_STEP",
+    "LARGE_STEP",
+    "FreshnessConfig",
+    "StepSize",
+    "branch_trainer",
+    "team_config",
+    "trainer_config",
+]

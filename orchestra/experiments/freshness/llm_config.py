@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from orchestra.experiments.freshness.config import branch_trainer
 from orchestra.experiments.llm.config import LLM_EXPERIMENT_TEAM, LLM_EXPERIMENT_TRAINER, LLMExperimentConfig
 from orchestra.teamtr.config import TeamTRConfig, derive_seed
 from orchestra.teamtr.llm_config import LLMTeamConfig
@@ -77,16 +78,7 @@ def team_config(cfg: LLMFreshnessConfig, pair: int) -> LLMTeamConfig:
 def trainer_config(cfg: LLMFreshnessConfig, pair: int) -> TeamTRConfig:
     """The trainer of pair ``pair``: naive (one stale batch for the stage), the fixed order 0..n−1, one stage, no
     per-stage evaluation (the arms are played by the experiment), its seed from (seed, pair)."""
-    return replace(
-        cfg.trainer,
-        scheme="naive",
-        order="fixed",
-        fixed_order=(),
-        num_stages=1,
-        evaluate=False,
-        stale_gap_batch=0,
-        seed=derive_seed(cfg.seed, pair, 1, bits=31),
-    )
+    return branch_trainer(cfg.trainer, derive_seed(cfg.seed, pair, 1, bits=31))
 
 
 __all__ = ["LLMFreshnessConfig", "team_config", "trainer_config"]
