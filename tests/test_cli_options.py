@@ -123,6 +123,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
     from orchestra.jobs.evaluate import EvaluateConfig
     from orchestra.jobs.experiment import (
         ChainExperimentJob,
+        ChainPageJob,
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
@@ -143,6 +144,7 @@ def _roots() -> dict[tuple[str, ...], Any]:
         ("demo",): DemoConfig(),
         ("experiment", "chain"): ChainExperimentJob(),
         ("experiment", "chain-regime"): ChainRegimeJob(),
+        ("experiment", "chain-page"): ChainPageJob(),
         ("experiment", "llm"): LLMExperimentJob(),
         ("experiment", "llm-tune"): LLMTuneJob(),
         ("experiment", "freshness"): FreshnessJob(),

@@ -312,3 +312,24 @@ def test_stale_gap_certificate_and_alpha_readings(tmp_path: Path) -> None:
     lin = exact_surrogate(mats, 1, mats[1], mats[1] + tilt)
     assert lin == pytest.approx(exact_success_with(mats, 1, mats[1] + tilt) - exact_success_with(mats, 1, mats[1]))
     assert stale_gap_terms([mats, mats], [1], "fresh")[0] == 0.0
+
+
+def test_chain_page_opens_with_findings_cited_from_its_tables(chain_dir: Path, tmp_path: Path) -> None:
+    from orchestra.experiments.chain.page import chain_page
+    from orchestra.report.findings import check_findings
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("## Reading the runs\n\nBy hand.\n")
+    text, found = chain_page([("smoke", str(chain_dir))], str(notes), tmp_path / "page.md", "cmd")
+    assert text.index("## Findings") < text.index("## Reading the runs") < text.index("## The smoke run")
+    assert (tmp_path / "page_curves_smoke.png").exists() and (tmp_path / "page_verdicts.png").exists()
+    assert found[0].text.startswith("smoke run: the trust region acted")
+    trust = {r["scheme"]: r for r in _csv(chain_dir / "trust.csv")}
+    share = 100 * int(trust["teamtr"]["bound"]) / int(trust["teamtr"]["agent_updates"])
+    assert f"{share:.1f}% of teamtr's" in found[0].text
+    assert any("teamtr − naive" in f.text for f in found)  # the primary family's rows, cited
+    assert check_findings(text, found) == []
+    # a number changed in the trust table below, or a finding dropped from the page, is caught
+    row = next(line for line in text.splitlines() if line.startswith("| teamtr | ") and "%)" in line)
+    assert check_findings(text.replace(row, row.replace(f"({share:.1f}%)", "(0.5%)")), found)
+    assert check_findings(text.replace(f"- {found[1].text}\n", ""), found)

@@ -17,8 +17,15 @@ from scipy import stats as sps
 from orchestra.experiments.harness import read_rows
 from orchestra.experiments.llm.analysis import acceptance, analyse, paired_row
 from orchestra.experiments.llm.config import LLMExperimentConfig
-from orchestra.experiments.llm.report import summary_sections
-from orchestra.experiments.llm.run import EVAL_COLUMNS, EVAL_FIELDS, run_llm_experiment
+from orchestra.experiments.llm.report import findings, summary_sections
+from orchestra.experiments.llm.run import (
+    EVAL_COLUMNS,
+    EVAL_FIELDS,
+    publish_tables,
+    resume_from_tables,
+    run_llm_experiment,
+)
+from orchestra.report.findings import check_findings
 from trajectories.rundir import ConfigMismatchError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -201,6 +208,55 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     assert f"With 200 tasks the test detects a true Δ of {100 * row['mdd']:.1f} points with 80% power" in reading
 
 
+def test_findings_quote_the_tables_below_them(tmp_path: Path) -> None:
+    cfg = replace(SIX, schemes=("teamtr", "naive", "stale_indep"), seeds=6, eval_tasks=100)
+    rng = np.random.default_rng(2)
+    frozen = np.repeat((rng.random((1, 100)) < 0.3).astype(float), 6, axis=0)
+    better = np.maximum(frozen, (rng.random((6, 100)) < 0.25).astype(float))
+    noisy = np.where(rng.random((6, 100)) < 0.1, 1.0 - frozen, frozen)  # naive: run-to-run noise, no effect
+    tables = analyse(
+        cfg,
+        _rows(cfg, {"frozen": frozen, "teamtr": better, "naive": noisy, "stale_indep": frozen.copy()}),
+        tmp_path,
+    )
+    tables["mechanism"] = [
+        dict(
+            scheme="teamtr",
+            agent_updates=24,
+            steps_per_update=3.25,
+            acted_share=0.375,
+            kl_over_delta=0.8,
+            step_clip_fraction=0.01,
+        ),
+        dict(
+            scheme="naive",
+            agent_updates=48,
+            steps_per_update=4.0,
+            acted_share=0.0625,
+            kl_over_delta=0.3,
+            step_clip_fraction=0.0,
+        ),
+    ]
+    page = "\n".join(line for sec in summary_sections(cfg, tables, 0.0).values() for line in sec)
+    got = findings(cfg, tables)
+    texts = [f.text for f in got]
+    assert "3.25 steps per update, the trust region acting in 38% of updates" in texts[0]
+    assert any("the null check passes" in t for t in texts)  # naive: noise around the frozen team, halved
+    primary = next(
+        t for t in texts if "teamtr − naive" in t and t.startswith("Held-out success in points, equal stages")
+    )
+    assert "teamtr better" in primary and "Holm p" in primary
+    assert page.index("## Findings") < page.index("## What the update mechanism did")
+    assert check_findings(page, got) == []
+    # a table that no longer says what the findings say is caught: the mechanism row, a verdict's interval
+    assert check_findings(page.replace("| teamtr | 24 | 3.25 |", "| teamtr | 24 | 3.50 |"), got)
+    row = next(r for r in tables["seed_verdicts"] if r["vs"] == "naive" and r["accounting"] == "equal_stages")
+    ci = f"[{100 * row['lo']:+.1f}, {100 * row['hi']:+.1f}]"
+    below = page.split("## Findings")[1].split("\n## ", 1)[1]
+    assert ci in below
+    assert check_findings(page.replace("\n## ", "\n## ", 1).replace(below, below.replace(ci, "[+0.0, +0.0]")), got)
+
+
 def test_equal_updates_control_tells_more_updates_from_the_scheme(tmp_path: Path) -> None:
     """Both schemes gain only with 12 updates per worker: naive's lead at equal episodes (its 12 updates against
     teamtr's 6) vanishes at equal updates, and the reading says so; a gain teamtr keeps at equal updates survives."""
@@ -363,6 +419,35 @@ def test_resume_redoes_only_a_cut_short_evaluation(smoke_dir: Path, tmp_path: Pa
     again = sorted(read_rows(copy / "evals.csv", EVAL_COLUMNS), key=lambda r: (r["scheme"], r["stage"], r["task"]))
     first = sorted(read_rows(smoke_dir / "evals.csv", EVAL_COLUMNS), key=lambda r: (r["scheme"], r["stage"], r["task"]))
     assert again == first  # the re-played evaluation repeats exactly
+
+
+def test_resume_from_published_tables_keeps_complete_runs_and_reruns_a_cut_one(smoke_dir: Path, tmp_path: Path) -> None:
+    """Across sessions (checkpoints gone) or machines: the tables of --tables carry every complete run; a run cut
+    short there is dropped whole and trained again from its start, ending where the uninterrupted run ended."""
+    tables = publish_tables(smoke_dir, tmp_path / "tables")
+    lines = (tables / "evals.csv").read_text().splitlines(keepends=True)
+    (tables / "evals.csv").write_text("".join(lines[: -SMOKE.eval_tasks]))  # naive's last evaluation never came
+    out = tmp_path / "out"
+    assert resume_from_tables(SMOKE, tables, out) == [("frozen", 0), ("teamtr", 0)]
+    kept = read_rows(out / "evals.csv", EVAL_COLUMNS)
+    assert {r["scheme"] for r in kept} == {"frozen", "teamtr"}  # naive's complete stages went with its cut run
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["teamtr-seed0"]
+    assert resume_from_tables(SMOKE, tables, out) == []  # OUT holds its own evaluations now: left alone
+    said: list[str] = []
+    run_llm_experiment(SMOKE, out, say=said.append)
+    played = [s.split(":")[0] for s in said if "held-out success" in s]
+    assert played and all(s.startswith("llm naive seed 0") for s in played)  # teamtr and frozen not played again
+
+    def outcomes(d: Path) -> list[tuple[Any, ...]]:  # every column but the wall time
+        return sorted(
+            tuple(v for k, v in r.items() if k != "train_seconds") for r in read_rows(d / "evals.csv", EVAL_COLUMNS)
+        )
+
+    assert outcomes(out) == outcomes(smoke_dir)  # the re-run repeats the uninterrupted run exactly
+    with pytest.raises(ConfigMismatchError, match=r"eval_tasks 6 → 5"):
+        resume_from_tables(replace(SMOKE, eval_tasks=5), tables, tmp_path / "other")
+    with pytest.raises(FileNotFoundError, match=r"config\.json: missing; --resume-from wants"):
+        resume_from_tables(SMOKE, tmp_path / "out" / "runs", tmp_path / "other")
 
 
 def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir: Path, tmp_path: Path) -> None:

@@ -142,3 +142,11 @@ def test_cli_llm_tune_smoke_writes_the_report_and_its_tables(tmp_path: Path) -> 
     assert not list(tables.rglob("checkpoints"))
     rc = main(["experiment", "llm-tune", "--smoke", "--lrs", "0.01", "--out", str(tables), "--quiet", "--report-only"])
     assert rc == 0 and (tables / "tuning.csv").read_text() == (tmp_path / "t" / "tuning.csv").read_text()
+    assert "mechanism columns are blank" not in (tables / "summary.md").read_text()
+    # tables without the per-update files (an older publication): the evaluations still choose; the page says why
+    # its mechanism columns are blank instead of printing dashes unexplained
+    for updates in tables.rglob("updates.csv"):
+        updates.unlink()
+    rc = main(["experiment", "llm-tune", "--smoke", "--lrs", "0.01", "--out", str(tables), "--quiet", "--report-only"])
+    text = (tables / "summary.md").read_text()
+    assert rc == 0 and "The mechanism columns are blank for every run" in text and "Chosen: teamtr lr 0.01" in text

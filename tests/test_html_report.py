@@ -19,7 +19,7 @@ import pytest
 
 from orchestra.cli import main
 from orchestra.report.evaluation import evaluation_report
-from orchestra.report.html import ReportError, _table, _verdicts, write_html_report
+from orchestra.report.html import ReportError, _plots, _seed_fields, _table, _verdicts, first_screen, write_html_report
 from tests.scripted import arithmetic_team, record_scripted
 from trajectories import TrajectoryWriter
 
@@ -194,6 +194,15 @@ def test_verdicts_say_what_is_significant() -> None:
     assert "+30.0 points [+12.0, +45.0]" in sentences[0] and sentences[0].endswith("better.")
     assert caveat.startswith("1 of 2 comparisons are significant") and "30.0 points wide" in caveat
     assert _verdicts([other])[1].startswith("No comparison is significant")
+    # many comparisons: the first screen keeps the significant ones and counts the rest in one line
+    many = [row, {**row, "verdict": "beats"}] + [{**other, "conductor": f"c{k}"} for k in range(16)]
+    sentences, caveat = _verdicts(many)
+    assert len(sentences) == 3 and sentences[1].endswith("beats.")
+    assert sentences[2] == "16 more comparisons (16 no clear difference) in the paired table below."
+    assert caveat.startswith("2 of 18 comparisons are significant")
+    none = [{**other, "conductor": f"c{k}", "success_diff": str(k / 100)} for k in range(8)]
+    sentences, _ = _verdicts(none)  # nothing significant: the two largest differences, then the count
+    assert sentences[0].startswith("c7 against") and sentences[1].startswith("c6 against") and len(sentences) == 3
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (.ci/run installs Debian's chromium)")
@@ -212,24 +221,24 @@ def test_first_screen_at_1280_holds_the_headline_and_no_table_overflows(run_dir:
     for t in m["tables"]:
         assert t["scroll"] <= t["client"] and t["box_scroll"] <= t["box_client"], t
     assert m["page_scroll"] <= 1280  # no horizontal scroll bar
-    shot = run_dir / "report_first_screen.png"
-    subprocess.run(
-        [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            f"--user-data-dir={tmp_path / 'p3'}",
-            "--window-size=1280,900",
-            f"--screenshot={shot}",
-            report.as_uri(),
-        ],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
+    shot = first_screen(report, run_dir / "report_first_screen.png")  # kept in the run directory
+    assert shot is not None
     assert shot.stat().st_size > 10_000 and _png_size(shot) == (1280, 900)
+
+
+def test_each_figure_is_embedded_once(tmp_path: Path) -> None:
+    for name in ("report_first_screen.png", "report/cost.png", "report/cost_quality.png", "report/success.png",
+                 "robustness/cost.png", "robustness/success.png", "robustness/robustness.png", "curves.png"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"png")
+    names = [p["name"] for p in _plots(tmp_path)]
+    assert names == ["curves.png", "report/cost_quality.png", "report/success.png", "robustness/robustness.png"]
+
+
+def test_seeds_are_read_from_nested_config_fields() -> None:
+    config = {"phase1": {"seeds": [0, 1], "run": {"seed": 3}, "lr": 0.1}, "seed": 7, "name": "demo"}
+    assert _seed_fields(config) == [("phase1.seeds", [0, 1]), ("phase1.run.seed", 3), ("seed", 7)]
+    assert _seed_fields([1, 2]) == []
 
 
 def test_robustness_table_reads_as_percentages_and_points() -> None:

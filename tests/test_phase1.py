@@ -113,6 +113,7 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     import orchestra.runtime.session as session_mod
     from orchestra.jobs.phase1 import run_phase1
     from orchestra.report.evaluation import summarize
+    from orchestra.report.findings import check_findings, read_findings
     from orchestra.runtime.session import RunOptions
     from tests.scripted import scripted_workers
     from trajectories import read_many
@@ -153,6 +154,15 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     assert len(ledger) == 1 + 2 * 2  # the menu, then each released learner × seed
     summary = res.paths["summary"].read_text()
     assert "## What these numbers do not show" in summary and "oracle" in summary
+    # the page opens with findings whose every number is in a table below them
+    found = read_findings(res.paths["findings"])
+    assert len(found) == 2 and summary.index("## Findings") < summary.index("## Headroom")
+    assert check_findings(summary, found) == []
+    best = max(res.headroom, key=lambda h: (h.learner_success_mean, -h.learner_success_sd))
+    assert f"the best learner, {best.learner}, {100 * best.learner_success_mean:.1f}%" in found[0].text
+    succ = f"{100 * best.learner_success_mean:.1f}% ± {100 * best.learner_success_sd:.1f}"
+    stale = summary.replace(f"| {succ} |", "| 12.3% ± 4.5 |")
+    assert check_findings(stale, found)  # a table edited after the findings were written is caught
     again = run_phase1(cfg, out)  # a rerun resumes: no new test evaluation, the same tables
     assert res.paths["ledger"].read_text().splitlines() == ledger
     assert [h.learner_success_mean for h in again.headroom] == [h.learner_success_mean for h in res.headroom]

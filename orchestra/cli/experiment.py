@@ -1,4 +1,4 @@
-"""``orchestra experiment chain | chain-regime | llm | llm-tune | freshness | freshness-llm``: the experiments of phase 2
+"""``orchestra experiment chain | chain-regime | chain-page | llm | llm-tune | freshness | freshness-llm``: the experiments of phase 2
 (:mod:`orchestra.jobs.experiment`), TeamTR against naive, joint and HAPPO on the telephone chain and on a real LLM
 team, and the paired freshness experiment on the chain and on the real LLM team."""
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
     from orchestra.jobs.experiment import (
         ChainExperimentJob,
+        ChainPageJob,
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
@@ -84,6 +85,15 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("rule.min_stages", "--min-stages"),
         ],
     )
+    c = esub.add_parser(
+        "chain-page",
+        help="the chain's results page, findings first, from committed run directories of `experiment chain` "
+        "(trains nothing)",
+        epilog=epilog,
+    )
+    add_options(
+        c, ChainPageJob(), [Opt("runs", "--runs", metavar="NAME=DIR"), Opt("notes", "--notes"), Opt("page", "--page")]
+    )
     f = esub.add_parser(
         "llm",
         help="real LLM team: frozen vs teamtr / naive / joint / HAPPO on held-out tasks, paired CIs, both accountings",
@@ -98,6 +108,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             "out",
             Opt("report", "--report", help="also write summary.md here (e.g. docs/results/finetune.md)"),
             Opt("tables", "--tables"),
+            Opt("resume_from", "--resume-from", metavar="TABLES"),
             Opt(
                 "experiment.schemes",
                 "--schemes",
@@ -291,12 +302,14 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
     from orchestra.experiments.llm.tune import LLMTuneConfig
     from orchestra.jobs.experiment import (
         ChainExperimentJob,
+        ChainPageJob,
         ChainRegimeJob,
         FreshnessJob,
         LLMExperimentJob,
         LLMFreshnessJob,
         LLMTuneJob,
         run_chain_job,
+        run_chain_page_job,
         run_chain_regime_job,
         run_freshness_job,
         run_llm_freshness_job,
@@ -304,9 +317,13 @@ def _cmd_experiment(a: argparse.Namespace) -> int:
         run_llm_tune_job,
     )
 
-    if a.experiment == "chain-regime":
+    if a.experiment in ("chain-regime", "chain-page"):
         try:
-            page = run_chain_regime_job(build(ChainRegimeJob(), a))
+            page = (
+                run_chain_regime_job(build(ChainRegimeJob(), a))
+                if a.experiment == "chain-regime"
+                else run_chain_page_job(build(ChainPageJob(), a))
+            )
         except (ValueError, OSError) as e:  # a missing or damaged run directory, a run shorter than its budget
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -173,10 +173,13 @@ class ExperimentResult:
 
 def finish(out: Path, tables: Tables, sections: Sections, *, nan: str) -> ExperimentResult:
     """Write every non-empty table as ``OUT/{name}.csv`` (NaN written as ``nan``: :func:`write_rows`) and the
-    sections as ``OUT/summary.md``."""
+    sections as ``OUT/summary.md``. An empty table removes an ``OUT/{name}.csv`` an earlier call wrote, so no reader
+    takes a stale table for this one."""
     for name, table in tables.items():
         if table:
             write_rows(out / f"{name}.csv", table, list(table[0]), nan=nan)
+        else:
+            (out / f"{name}.csv").unlink(missing_ok=True)
     summary = out / "summary.md"
     summary.write_text(join_sections(sections))
     return ExperimentResult(summary, sections, tables)

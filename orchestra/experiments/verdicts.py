@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from orchestra.experiments.harness import Row, Tables, pval
+from orchestra.experiments.harness import Row, Tables, maybe_float, pval, read_rows
+from orchestra.report.findings import Cite, Finding
 from orchestra.report.seeds import SeedValues, holm, iqm_interval, null_check, paired_seeds
 from orchestra.report.stats import ALPHA
 
@@ -34,6 +36,25 @@ SPLIT_PREFERENCE = ("naive", "joint_indep", "stale_indep", "teamtr")  # whose se
 MIN_PSEUDO_PAIRS = 2  # a null check needs at least this many pseudo-pairs (4 seeds of one scheme)
 
 Readings = Mapping[str, Mapping[str, SeedValues]]  # accounting → configuration → seed → score
+
+# the columns of the three tables as written (``{name}.csv``), for reading a committed run back
+_STAT = {k: maybe_float for k in ("diff", "lo", "hi", "sd", "mde", "p", "p_holm")}
+COLUMNS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "seed_iqm": dict(
+        accounting=str, configuration=str, seeds=int, mean=maybe_float, iqm=maybe_float, lo=maybe_float, hi=maybe_float
+    ),
+    "seed_verdicts": dict(
+        accounting=str, family=str, scheme=str, vs=str, seeds=int, **_STAT, same_as=str, per_seed=str, verdict=str
+    ),
+    "null_check": dict(
+        accounting=str, a=str, b=str, seeds_a=str, seeds_b=str, pairs=int, **_STAT, same_as=str, passes=str
+    ),
+}
+
+
+def read_seed_tables(run_dir: Path) -> Tables:
+    """The three tables of :func:`seed_tables` as a run directory holds them (``seed_iqm.csv`` …)."""
+    return {name: read_rows(run_dir / f"{name}.csv", cols) for name, cols in COLUMNS.items()}
 
 
 def _key(a: SeedValues, b: SeedValues) -> tuple[tuple[int, float, float], ...]:
@@ -285,14 +306,86 @@ def verdict_section(
     return lines
 
 
+def interval_rows(
+    tables: Tables, accounting_text: Callable[[str], str], prefix: str = ""
+) -> list[tuple[str, float, float, float, bool, str]]:
+    """The rows of :func:`orchestra.report.plots.plot_intervals` for the verdicts (a repeated reading once)."""
+    return [
+        (
+            f"{prefix}{accounting_text(r['accounting'])}: {r['scheme']} − {r['vs']}",
+            r["diff"],
+            r["lo"],
+            r["hi"],
+            r["family"] == "primary",
+            r["vs"],
+        )
+        for r in tables["seed_verdicts"]
+        if not r["same_as"]
+    ]
+
+
+def verdict_findings(
+    tables: Tables, fmt: Callable[[float], str], accounting_text: Callable[[str], str], prefix: str = ""
+) -> list[Finding]:
+    """The findings the verdict section supports, each number cited from its tables (:func:`verdict_section` prints
+    them with the same ``fmt`` and ``accounting_text``): the null check (its least favourable accounting), every
+    distinct test of the primary family, and the secondary comparisons that came out different (uncorrected, so
+    labelled exploratory). ``prefix`` opens every sentence (e.g. the run's name)."""
+    out: list[Finding] = []
+    nulls, rows = tables["null_check"], tables["seed_verdicts"]
+    status = null_status(nulls)
+    counted = [r for r in nulls if not r["same_as"] and r["passes"] != "n/a"]
+    if counted:
+        r = min(counted, key=lambda r: r["p_holm"])
+        acc = accounting_text(r["accounting"])
+        d, ci, mde = fmt(r["diff"]), f"[{fmt(r['lo'])}, {fmt(r['hi'])}]", fmt(r["mde"]).lstrip("+")
+        keys = (acc, r["seeds_a"])
+        same = "the same scheme on two disjoint halves of its seeds" if r["a"] == r["b"] else "the same algorithm"
+        out.append(
+            Finding(
+                f"{prefix}the null check {status}: {r['a']} against {r['b']} ({same}) differ by {d} {ci} at "
+                f"{acc} over {r['pairs']} pseudo-pairs (MDE {mde}), Holm p {pval(r['p_holm'])} over the accountings"
+                + ("." if status == "passes" else ": the verdicts are refused."),
+                (Cite(keys, d), Cite(keys, ci), Cite(keys, mde), Cite(keys, pval(r["p_holm"]))),
+            )
+        )
+    else:
+        out.append(
+            Finding(
+                f"{prefix}the null check could not be run (too few seeds of one scheme, or no spread between its "
+                "halves): the verdicts are unchecked."
+            )
+        )
+    for r in rows:
+        if r["same_as"] or (r["family"] == "secondary" and r["verdict"] == "no difference shown"):
+            continue
+        acc = accounting_text(r["accounting"])
+        comparison = f"{r['scheme']} − {r['vs']}"
+        d, ci, mde = fmt(r["diff"]), f"[{fmt(r['lo'])}, {fmt(r['hi'])}]", fmt(r["mde"]).lstrip("+")
+        keys = (acc, comparison)
+        p = pval(r["p_holm"] if r["family"] == "primary" else r["p"])
+        p_text = f"Holm p {p}" if r["family"] == "primary" else f"exploratory, uncorrected p {p}"
+        out.append(
+            Finding(
+                f"{prefix}{acc}, {comparison}: {d} {ci} over {r['seeds']} seeds (MDE {mde}; {p_text}): {r['verdict']}.",
+                (Cite(keys, d), Cite(keys, ci), Cite(keys, mde), Cite(keys, p), Cite(keys, r["verdict"])),
+            )
+        )
+    return out
+
+
 __all__ = [
+    "COLUMNS",
     "MIN_PSEUDO_PAIRS",
     "NULL_PAIRS",
     "PRIMARY",
     "REFERENCE",
     "Readings",
     "null_pair",
+    "interval_rows",
     "null_status",
+    "read_seed_tables",
     "seed_tables",
+    "verdict_findings",
     "verdict_section",
 ]

@@ -16,7 +16,7 @@ from orchestra.jobs.align import AlignChainConfig, align_chain
 from orchestra.jobs.evaluate import EvaluateConfig, evaluate
 from orchestra.jobs.experiment import ChainExperimentJob, run_chain_job
 from orchestra.jobs.phase1 import Phase1Config, run_phase1
-from orchestra.report.html import write_html_report
+from orchestra.report.html import first_screen, write_html_report
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> int:
     if 1 in cfg.phases:  # the report shows phase 1's tables, plots and episodes (phase 2 has its own summaries)
         report = write_html_report(out)
         say(f"\nHTML report (tables, plots, every episode's decisions; no network needed): {report}")
+        shot = first_screen(report, out / "report_first_screen.png")
+        say(
+            f"its first screen at 1280 × 900 px: {shot}"
+            if shot
+            else "(no headless chromium here: no screenshot of the report's first screen)"
+        )
     return 0
 
 

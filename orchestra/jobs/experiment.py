@@ -70,6 +70,38 @@ def run_chain_regime_job(job: ChainRegimeJob) -> Path:
 
 
 @dataclass(frozen=True)
+class ChainPageJob:
+    """``orchestra experiment chain-page``: the chain's results page (findings first) from committed run directories
+    of ``orchestra experiment chain`` (trains nothing)."""
+
+    # NAME=DIR per run, in the page's order (default: the two committed runs of docs/results/teamtr.md)
+    runs: tuple[str, ...] = ("reliable=docs/results/teamtr_reliable", "study=docs/results/teamtr_study")
+    notes: str | None = "docs/results/teamtr_notes.md"  # hand-written reading placed before the runs' tables ("": none)
+    page: str = "docs/results/teamtr.md"  # the page written (its figures beside it)
+
+
+def chain_page_command(job: ChainPageJob) -> str:
+    """The command line that writes ``job``'s page."""
+    return " ".join(
+        ["orchestra experiment chain-page --runs", *job.runs]
+        + (["--notes", job.notes] if job.notes else [])
+        + ["--page", job.page]
+    )
+
+
+def run_chain_page_job(job: ChainPageJob) -> Path:
+    from orchestra.experiments.chain.page import write_chain_page
+
+    runs = []
+    for spec in job.runs:
+        name, sep, run_dir = spec.partition("=")
+        if not sep or not name or not run_dir:
+            raise ValueError(f"--runs {spec!r}: expected NAME=DIR, e.g. reliable=docs/results/teamtr_reliable")
+        runs.append((name, run_dir))
+    return write_chain_page(runs, job.notes or None, job.page, chain_page_command(job))
+
+
+@dataclass(frozen=True)
 class LLMExperimentJob:
     """``orchestra experiment llm``: the experiment's config, its run directory and the torch threads."""
 
@@ -79,6 +111,9 @@ class LLMExperimentJob:
     # also copy the run's tables here without its checkpoints (config, evals.csv, each run's update and stage
     # tables), from which --report-only --out THERE writes the same report on a fresh clone
     tables: str | None = None
+    # start a new OUT from the tables --tables wrote (committed by an earlier session, or from another machine): their
+    # complete runs are kept, a run cut short there runs again from its start; ignored once OUT holds evaluations
+    resume_from: str | None = None
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # one line per evaluation and run on stderr
     tensorboard: bool = False  # also write each run's metrics as TensorBoard event files (OUT/runs/*/tensorboard/)
@@ -93,9 +128,17 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    result = run_llm_experiment(
-        job.experiment, job.out, say=stderr_say(job.progress), tensorboard=job.tensorboard, play=not job.report_only
-    )
+    say = stderr_say(job.progress)
+    if job.resume_from:
+        from orchestra.experiments.llm.run import resume_from_tables
+
+        carried = resume_from_tables(job.experiment, job.resume_from, job.out)
+        say(
+            f"{job.out}: started from {job.resume_from}'s {len(carried)} complete runs"
+            if carried
+            else f"{job.out}: holds its own evaluations (or {job.resume_from} none complete); nothing carried over"
+        )
+    result = run_llm_experiment(job.experiment, job.out, say=say, tensorboard=job.tensorboard, play=not job.report_only)
     if job.tables:
         from orchestra.experiments.llm.run import publish_tables
 
@@ -209,26 +252,34 @@ def run_llm_freshness_job(job: LLMFreshnessJob) -> ExperimentResult:
 
 
 def publish(summary: Path, report: Path) -> None:
-    """Copy ``summary.md`` to ``report`` and its ``learning_curves.png`` beside it as ``{report stem}_curves.png``,
-    the image link rewritten."""
+    """Copy ``summary.md`` to ``report`` and its figures beside it, ``learning_curves.png`` as
+    ``{report stem}_curves.png`` and ``verdicts.png`` (where written) as ``{report stem}_verdicts.png``, the image
+    links rewritten."""
     import shutil
 
     report.parent.mkdir(parents=True, exist_ok=True)
-    png = f"{report.stem}_curves.png"
-    shutil.copyfile(summary.parent / "learning_curves.png", report.parent / png)
-    report.write_text(summary.read_text().replace("](learning_curves.png)", f"]({png})"))
+    text = summary.read_text()
+    for figure, suffix in (("learning_curves.png", "curves"), ("verdicts.png", "verdicts")):
+        if (summary.parent / figure).exists():
+            png = f"{report.stem}_{suffix}.png"
+            shutil.copyfile(summary.parent / figure, report.parent / png)
+            text = text.replace(f"]({figure})", f"]({png})")
+    report.write_text(text)
 
 
 __all__ = [
     "ChainExperimentJob",
+    "ChainPageJob",
     "ChainRegimeJob",
     "FreshnessJob",
     "LLMExperimentJob",
     "LLMFreshnessJob",
     "LLMTuneJob",
+    "chain_page_command",
     "chain_regime_command",
     "publish",
     "run_chain_job",
+    "run_chain_page_job",
     "run_chain_regime_job",
     "run_freshness_job",
     "run_llm_freshness_job",

@@ -594,10 +594,7 @@ def reproduce(cfg: ReproduceConfig) -> Phase1Result:
         if plot is not None and plot.exists():  # the cost–quality plane beside the copy, linked from it
             beside = report.with_name(f"{report.stem}_cost_quality.png")
             shutil.copyfile(plot, beside)
-            text = text.rstrip("\n") + (
-                "\n\n## The cost–quality plane\n\nMean tokens per task against test success, per family: the menu, "
-                f"its hull, the oracle and the learners.\n\n![cost–quality plane]({beside.name})\n"
-            )
+            text = text.replace("](report/cost_quality.png)", f"]({beside.name})")
         report.write_text(text, encoding="utf-8")
     return res
 

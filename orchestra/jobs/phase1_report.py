@@ -19,10 +19,12 @@ from orchestra.report.evaluation import (
     format_paired_table,
     format_table,
     mode_collapse,
+    p_text,
     paired_comparison,
     summarize,
     write_report,
 )
+from orchestra.report.findings import Cite, Finding, findings_section, write_findings
 from orchestra.report.plots import plot_cost_quality
 from orchestra.report.protocol import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
 from trajectories import Episode
@@ -39,6 +41,7 @@ class Tables:
     subset_lines: list[str]
     power_lines: list[str]
     paths: dict[str, Path]
+    findings: list[Finding]  # the summary's findings (:func:`phase1_findings`), also in ``report/findings.json``
 
 
 def report_tables(
@@ -50,8 +53,8 @@ def report_tables(
     learners: dict[str, dict[str, list[str]]],
 ) -> Tables:
     """Stage 7: results and paired tests against the best fixed schedule, then per team the oracle router over the
-    menu, headroom and captured fraction, the LLM-required subset, the power of the test and the cost–quality
-    plane (files under ``out/report/``). Per team: its menu, best fixed schedule (chosen on validation), released
+    menu, headroom and captured fraction, the LLM-required subset, the power of the test, the cost–quality
+    plane and the findings (files under ``out/report/``). Per team: its menu, best fixed schedule (chosen on validation), released
     configuration per algorithm and the labels of its test evaluations per algorithm (one per seed)."""
     rows = summarize(test_eps)
     fam_of = {r.team: r.family for r in rows}
@@ -130,7 +133,55 @@ def report_tables(
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")
     paths["cost_quality"] = report_dir / "cost_quality.png"
     write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
-    return Tables(rows, paired, head_rows, subset_lines, power_lines, paths)
+    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [])
+    tables.findings = phase1_findings(tables)
+    write_findings(report_dir / "findings.json", tables.findings)
+    paths["findings"] = report_dir / "findings.json"
+    return tables
+
+
+def phase1_findings(tables: Tables) -> list[Finding]:
+    """Per family: the best fixed schedule, the oracle over the menu and the best learner (cited from the headroom
+    table), then how the learners' test evaluations compare with the best fixed schedule (cited from the paired
+    table: the verdicts' counts and the smallest Holm-adjusted McNemar p)."""
+    out: list[Finding] = []
+    for team in dict.fromkeys(r.team for r in tables.headroom):
+        rows = [r for r in tables.headroom if r.team == team]
+        best = max(rows, key=lambda r: (r.learner_success_mean, -r.learner_success_sd))
+        keys = (team, best.learner)
+        bf, oracle, room = (
+            f"{100 * best.best_fixed_success:.1f}%",
+            f"{100 * best.oracle_success:.1f}%",
+            f"{100 * best.headroom:+.1f}",
+        )
+        succ = f"{100 * best.learner_success_mean:.1f}% ± {100 * best.learner_success_sd:.1f}"
+        cap = f"{best.captured_mean:+.2f} ± {best.captured_sd:.2f}"
+        out.append(
+            Finding(
+                f"**{team}**: the best fixed schedule chosen on validation, {best.best_fixed}, solves {bf} of "
+                f"{best.tasks} test tasks; the oracle over the menu {oracle} (headroom {room} points, scored on the "
+                f"episodes it picks from, so it includes best-of-N luck); the best learner, {best.learner}, "
+                f"{succ} over {best.seeds} seeds, capturing {cap} of the headroom.",
+                (Cite(keys, bf), Cite(keys, oracle), Cite(keys, room), Cite(keys, succ), Cite(keys, cap)),
+            )
+        )
+        learned = [p for p in tables.paired if p.team == team and not p.rule_based]
+        if not learned:
+            continue
+        counts: dict[str, int] = {}
+        for p in learned:
+            counts[p.verdict] = counts.get(p.verdict, 0) + 1
+        low = min(learned, key=lambda p: p.mcnemar_p_holm)
+        lp = p_text(low.mcnemar_p_holm)
+        out.append(
+            Finding(
+                f"**{team}**, each learner's test evaluation against {low.baseline} on the same tasks: "
+                + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+                + f" of {len(learned)}; the smallest Holm-adjusted McNemar p is {lp} ({low.conductor}).",
+                (Cite((low.conductor, low.baseline), lp),),
+            )
+        )
+    return out
 
 
 def summary_md(
@@ -152,6 +203,13 @@ def summary_md(
         "# Phase 1: learned conductors vs a menu of fixed schedules",
         "",
         scale,
+        "",
+        *findings_section(
+            tables.findings,
+            "Generated from the tables below; task-level tests of fixed trained conductors (a learner's row per "
+            "training seed), Holm-adjusted across the paired table.",
+        ),
+        "![cost–quality plane: the menu, its hull, the oracle and the learners](report/cost_quality.png)",
         "",
         "The menu is every rule of a team's file; the best fixed schedule and every learner's hyperparameters are "
         "chosen on validation; the test split is evaluated once per released configuration "
@@ -251,4 +309,4 @@ def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]
     return out
 
 
-__all__ = ["Tables", "best_of", "forced_md", "report_tables", "summary_md"]
+__all__ = ["Tables", "best_of", "forced_md", "phase1_findings", "report_tables", "summary_md"]

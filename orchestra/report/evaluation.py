@@ -347,7 +347,8 @@ def paired_comparison(
     return adjust(out)
 
 
-def _p(x: float) -> str:
+def p_text(x: float) -> str:
+    """A p-value as the report's tables print it (3 decimals, ``<0.001``, ``n/a``)."""
     if math.isnan(x):
         return "n/a"
     return f"{x:.3f}" if x >= 0.001 else "<0.001"
@@ -370,7 +371,7 @@ def format_paired_table(rows: Sequence[PairedRow]) -> str:
         lines.append(
             f"| {r.family} | {r.conductor} | {r.baseline} | {r.n_pairs} | {100 * r.success_diff:+.1f} "
             f"| [{100 * r.success_lo:+.1f}, {100 * r.success_hi:+.1f}] | {r.wins} / {r.losses} "
-            f"| {_p(r.mcnemar_p_holm)} | {100 * r.ni_lower:+.1f} | {_p(r.ni_p_holm)} "
+            f"| {p_text(r.mcnemar_p_holm)} | {100 * r.ni_lower:+.1f} | {p_text(r.ni_p_holm)} "
             f"| {_ratio(r.turns_ratio, r.turns_ratio_lo, r.turns_ratio_hi)} "
             f"| {_ratio(r.tokens_ratio, r.tokens_ratio_lo, r.tokens_ratio_hi)} "
             f"| {r.return_diff:+.3f} [{r.return_lo:+.3f}, {r.return_hi:+.3f}] | **{r.verdict}** |"
@@ -545,6 +546,7 @@ __all__ = [
     "evaluation_report",
     "format_collapse_table",
     "format_paired_table",
+    "p_text",
     "format_table",
     "is_rule_based",
     "mode_collapse",

@@ -13,7 +13,9 @@ What it holds, in page order:
   fractions as percentages with one decimal, differences of them in points, intervals as ``[lo, hi]``, booleans as
   yes/no, the columns a reader needs first (``MAIN_COLUMNS``) and the rest in a "details" fold; fixed layout with
   wrapping, so no table scrolls sideways at 1280 px;
-* every other PNG there, embedded, on a two-column grid;
+* every other PNG there, embedded, on a two-column grid, each figure once (a plane without the hull beside phase 1's
+  cost–quality plane, or the perturbed runs' plots beside ``robustness.png``, are left out; so is the page's own
+  screenshot);
 * a trajectory viewer: per episode, each conductor decision with the legal actions it had, the chosen worker's
   message (tool outputs included), the step's reward, tokens, and the perturbations that touched it; filters by
   family, conductor and outcome; and a side-by-side of two conductors on the same task. Filters can be preset in
@@ -23,6 +25,9 @@ What it holds, in page order:
 Episodes come from every trajectory file under the run directory (``*.jsonl`` other than metrics and ledgers). A
 perturbed run (``--perturb``) shows as ``CONDUCTOR @SPEC``. At most ``max_episodes`` are embedded, held-out ones
 first (``test/``, ``episodes/``, then ``validation/``); the page says how many were left out.
+
+:func:`first_screen` photographs the page's first 1280 × 900 px with a headless Chromium (``make demo`` keeps it as
+``report_first_screen.png`` beside the report).
 """
 
 from __future__ import annotations
@@ -285,18 +290,41 @@ def _pt(v: str) -> str:
     return f"{100 * float(v):+.1f}".replace("-", "−")
 
 
+SIGNIFICANT = ("beats", "better", "worse")  # the paired table's verdicts that rest on a significant McNemar test
+MAX_HEADLINES = 5  # sentences on the first screen; the rest are counted in one line (the paired table has them all)
+
+
 def _verdicts(paired: list[dict[str, str]]) -> tuple[list[str], str]:
-    """The headline sentences of ``paired.csv`` (one per comparison, with its interval) and what they do not show."""
-    sentences = []
-    for r in paired:
-        sentences.append(
+    """The first screen's sentences from ``paired.csv`` and what they do not show (the caveat, read first). One
+    sentence per comparison with its interval, the comparisons with a verdict first (significant, then cheaper or
+    non-inferior), at most :data:`MAX_HEADLINES`; one line counts the rest, which the paired table lists."""
+
+    def sentence(r: dict[str, str]) -> str:
+        return (
             f"{r['conductor']} against {r['baseline']} on {r['family']} ({r['n_pairs']} paired tasks): success "
             f"{_pct(r['success'])} vs {_pct(r['baseline_success'])}, a difference of {_pt(r['success_diff'])} points "
             f"[{_pt(r['success_lo'])}, {_pt(r['success_hi'])}] (95% interval); McNemar p = "
             f"{float(r['mcnemar_p_holm']):.3g} (Holm): {r['verdict']}."
         )
-    significant = [r for r in paired if r.get("verdict") in ("better", "worse")]
+
+    significant = [r for r in paired if r.get("verdict") in SIGNIFICANT]
     unclear = [r for r in paired if r not in significant]
+    ranked = significant + [r for r in unclear if r.get("verdict") != "no clear difference"]
+    ranked += [r for r in unclear if r not in ranked]
+    shown = ranked if len(ranked) <= MAX_HEADLINES else [r for r in ranked[:MAX_HEADLINES] if r in significant]
+    if not shown and len(ranked) > MAX_HEADLINES:  # nothing significant: the widest-apart comparisons
+        shown = sorted(ranked, key=lambda r: -abs(float(r["success_diff"])))[:2]
+    sentences = [sentence(r) for r in shown]
+    rest = [r for r in ranked if r not in shown]
+    if rest:
+        counts: dict[str, int] = {}
+        for r in rest:
+            counts[r.get("verdict", "?")] = counts.get(r.get("verdict", "?"), 0) + 1
+        sentences.append(
+            f"{len(rest)} more comparison{'s' if len(rest) > 1 else ''} ("
+            + ", ".join(f"{v} {k}" for k, v in counts.items())
+            + ") in the paired table below."
+        )
     widest = max((100 * (float(r["success_hi"]) - float(r["success_lo"])) for r in unclear), default=0.0)
     tasks = sorted({int(r["n_pairs"]) for r in unclear or paired})
     n = "–".join(str(t) for t in (tasks[0], tasks[-1])) if len(tasks) > 1 else str(tasks[0]) if tasks else "0"
@@ -349,20 +377,52 @@ def _summary(run_dir: Path, plots: list[dict[str, str]]) -> dict[str, Any]:
         run.append(("tasks", (" / ".join(tasks)) + (" paired tasks per comparison" if paired else " per conductor")))
     config_path = run_dir / "config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-    seeds = [f"{k} = {v}" for k, v in config.items() if "seed" in k.lower()] if isinstance(config, dict) else []
+    seeds = [f"{k} = {v}" for k, v in _seed_fields(config)]
     run.append(("seeds", ", ".join(seeds) if seeds else "not recorded in the run directory (no config.json seed)"))
     if paired:
         sentences, caveat = _verdicts(paired)
     else:
         sentences, caveat = _best(results), ("No paired comparison in this run." if results else "")
-    by_name = {p["name"]: p for p in plots}
+    by_name: dict[str, dict[str, str]] = {}
+    for p in plots:  # the main figure by file name, the run directory's own before a folder's
+        by_name.setdefault(Path(p["name"]).name, p)
     figure = next((by_name[n] for n in MAIN_FIGURES if n in by_name), plots[0] if plots else None)
     return {"run": run, "verdicts": sentences, "caveat": caveat, "figure": figure}
 
 
+def _seed_fields(config: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """Every field of a run's ``config.json`` whose name holds "seed", nested ones by their dotted path
+    (``phase1.run.seed``)."""
+    if not isinstance(config, dict):
+        return []
+    out: list[tuple[str, Any]] = []
+    for k, v in config.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out += _seed_fields(v, path + ".")
+        elif "seed" in str(k).lower():
+            out.append((path, v))
+    return out
+
+
+SCREENSHOT = "report_first_screen.png"  # :func:`first_screen`'s picture of this page, never embedded in it
+# a figure left out when its folder holds the one it duplicates: the success–tokens plane without the hull and oracle
+# (cost.png) beside phase 1's cost–quality plane; the bars and plane of the perturbed runs beside robustness.png
+SUPERSEDED_BY = {"cost.png": ("cost_quality.png", "robustness.png"), "success.png": ("robustness.png",)}
+
+
 def _plots(run_dir: Path) -> list[dict[str, str]]:
+    """The run's figures, named by their path in the run directory, each once (:data:`SUPERSEDED_BY`)."""
     pngs = sorted([*run_dir.glob("*.png"), *(p for d in SUBDIRS for p in (run_dir / d).glob("*.png"))])
-    return [{"name": p.name, "data": base64.b64encode(p.read_bytes()).decode("ascii")} for p in pngs]
+    keep = [
+        p
+        for p in pngs
+        if p.name != SCREENSHOT and not any((p.parent / s).is_file() for s in SUPERSEDED_BY.get(p.name, ()))
+    ]
+    return [
+        {"name": p.relative_to(run_dir).as_posix(), "data": base64.b64encode(p.read_bytes()).decode("ascii")}
+        for p in keep
+    ]
 
 
 def _episode_files(run_dir: Path) -> list[Path]:
@@ -463,4 +523,38 @@ def write_html_report(run_dir: str | Path, out: str | Path | None = None, max_ep
     return target
 
 
-__all__ = ["HTMLReportConfig", "ReportError", "write_html_report"]
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # headless browsers tried, in order
+
+
+def first_screen(report: str | Path, png: str | Path, size: tuple[int, int] = (1280, 900)) -> Path | None:
+    """A screenshot of the report's first screen (``size``: 1280 × 900 px, what a laptop shows before scrolling)
+    taken by a headless Chromium, to ``png``; None when no browser is installed (Debian: ``apt-get install
+    chromium``)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    browser = next((b for b in BROWSERS if shutil.which(b)), None)
+    if browser is None:
+        return None
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run(
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                f"--user-data-dir={profile}",
+                f"--window-size={size[0]},{size[1]}",
+                f"--screenshot={Path(png).resolve()}",
+                Path(report).resolve().as_uri(),
+            ],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )
+    return Path(png)
+
+
+__all__ = ["BROWSERS", "HTMLReportConfig", "ReportError", "first_screen", "write_html_report"]

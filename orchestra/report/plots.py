@@ -5,7 +5,11 @@
   rate, one marker per conductor (circles rule-based, diamonds learned), CI error bars on both axes;
 * ``cost_quality.png`` (phase-1 benchmark) — the cost–quality plane of RouterBench (Hu et al. 2024): the
   menu's schedules, the learners (mean over seeds), the oracle router, and the hull of the menu (its
-  Pareto frontier: no schedule is both cheaper and more successful than a point on it).
+  Pareto frontier: no schedule is both cheaper and more successful than a point on it);
+* ``verdicts.png`` (phase-2 experiments) — the paired differences over seeds with their intervals, one row per
+  comparison (:func:`plot_intervals`, the interval plot rliable popularised).
+
+Phase 2's schemes keep one colour in every figure of every report (:func:`scheme_colour`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,50 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# one colour per trainer scheme (tab10 order), the same in every phase-2 figure and report
+SCHEME_COLOURS = {
+    "teamtr": "tab:red",
+    "naive": "tab:blue",
+    "joint": "tab:green",
+    "joint_indep": "tab:cyan",
+    "happo": "tab:purple",
+    "stale_indep": "tab:orange",
+    "naive_bigB": "tab:brown",
+    "frozen": "tab:gray",
+}
+_SPARE = ("tab:pink", "tab:olive", "black", "gold")
+
+
+def scheme_colour(scheme: str) -> str:
+    """The colour of a trainer scheme (:data:`SCHEME_COLOURS`; another name gets a spare colour from its letters)."""
+    return SCHEME_COLOURS.get(scheme) or _SPARE[sum(map(ord, scheme)) % len(_SPARE)]
+
+
+def plot_intervals(
+    rows: Sequence[tuple[str, float, float, float, bool, str]], path: Path, xlabel: str, title: str = ""
+) -> None:
+    """The paired differences as an interval plot: one row per (label, Δ, lo, hi, primary, scheme), top to bottom, a
+    point with its interval in the scheme's colour and a line at 0; filled points for the declared primary family,
+    hollow for the rest."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.32 * max(len(rows), 1)))
+    for i, (_label, d, lo, hi, primary, scheme) in enumerate(rows):
+        y = len(rows) - 1 - i
+        colour = scheme_colour(scheme)
+        ax.plot([lo, hi], [y, y], "-", color=colour, lw=2.2, alpha=0.8)
+        ax.plot(d, y, "o", color=colour, markerfacecolor=colour if primary else "white", markersize=6)
+    ax.axvline(0.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r[0] for r in reversed(rows)], fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _colours(conductors: Sequence[str]) -> dict[str, Any]:
@@ -176,4 +224,12 @@ def plot_cost_quality(
     plt.close(fig)
 
 
-__all__ = ["pareto_hull", "plot_cost", "plot_cost_quality", "plot_success"]
+__all__ = [
+    "SCHEME_COLOURS",
+    "pareto_hull",
+    "plot_cost",
+    "plot_cost_quality",
+    "plot_intervals",
+    "plot_success",
+    "scheme_colour",
+]

@@ -14,7 +14,8 @@ import numpy as np
 from orchestra.experiments.chain.analysis import REGRESSION_THRESHOLDS, run_curves
 from orchestra.experiments.chain.config import ChainExperimentConfig
 from orchestra.experiments.harness import Sections, cell
-from orchestra.experiments.verdicts import verdict_section
+from orchestra.experiments.verdicts import interval_rows, verdict_section
+from orchestra.report.plots import plot_intervals, scheme_colour
 
 
 def _pivot(
@@ -27,6 +28,16 @@ def _pivot(
         cells = [fmt(by[(n, s)]) if (n, s) in by else "—" for s in cfg.schemes]
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return lines
+
+
+def diff_text(v: float) -> str:
+    """A difference in J as the verdict section prints it (signed, 3 decimals, NaN as —)."""
+    return "—" if math.isnan(v) else f"{v:+.3f}"
+
+
+def accounting_text(accounting: str) -> str:
+    """An accounting as the report names it (``equal_stages`` → ``equal stages``)."""
+    return accounting.replace("_", " ")
 
 
 def _delta(cfg: ChainExperimentConfig) -> str:
@@ -89,9 +100,10 @@ def summary_sections(
     if tables.get("seed_verdicts") or tables.get("null_check"):
         out["seeds"] = verdict_section(
             tables,
-            lambda v: cell(v, 3),
+            diff_text,
             f"its exact J at n = {n_max} (the largest chain length), read at the accounting's stage",
-            lambda accounting: accounting.replace("_", " "),
+            accounting_text,
+            level=lambda v: cell(v, 3),
         )
     lines: list[str] = []
     for thr in REGRESSION_THRESHOLDS:
@@ -188,7 +200,7 @@ def summary_sections(
         "Files: `runs.csv`, `final.csv`, `regressions.csv`, `drift.csv`, `alpha.csv`, `trust.csv`, `certificate.csv`, "
         "`paired.csv`, `seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
         "`checks.csv`, "
-        "`learning_curves.png`, `drift.png`.",
+        "`learning_curves.png`, `drift.png`" + (", `verdicts.png`." if tables.get("seed_verdicts") else "."),
         "",
     ]
     return out
@@ -197,7 +209,8 @@ def summary_sections(
 def plot(
     cfg: ChainExperimentConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
 ) -> None:
-    """``learning_curves.png`` (J vs cumulative episodes, mean ± sd per n) and ``drift.png`` (log-log with fits)."""
+    """``learning_curves.png`` (J vs cumulative episodes, mean ± sd band over seeds per n), ``drift.png`` (log-log
+    with fits) and, with verdicts, ``verdicts.png`` (teamtr − each scheme over seeds, 95% intervals)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -215,8 +228,8 @@ def plot(
             j = np.array([[r["J"] for r in c[:length]] for c in curves])  # (seeds, stages)
             x = np.array([r["episodes"] for r in curves[0][:length]])
             mean, sd = j.mean(0), j.std(0)
-            ax.plot(x, mean, label=scheme)
-            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2)
+            ax.plot(x, mean, label=scheme, color=scheme_colour(scheme))
+            ax.fill_between(x, mean - sd, mean + sd, alpha=0.2, color=scheme_colour(scheme))
         ax.set_title(f"n = {n}")
         ax.set_xlabel("sampled episodes")
         ax.set_ylabel("exact J")
@@ -236,7 +249,7 @@ def plot(
             if not keep.any():
                 continue
             a = alphas[scheme][f"alpha_{kind[-1]}"]
-            (line,) = ax.loglog(ns[keep], y[keep], "o", label=f"{scheme} α={cell(a, 2)}")
+            (line,) = ax.loglog(ns[keep], y[keep], "o", color=scheme_colour(scheme), label=f"{scheme} α={cell(a, 2)}")
             if math.isfinite(a):
                 c = float(np.exp(np.mean(np.log(y[keep]) - a * np.log(ns[keep]))))
                 ax.loglog(ns, c * ns**a, "-", color=line.get_color(), alpha=0.6)
@@ -246,6 +259,13 @@ def plot(
     fig.tight_layout()
     fig.savefig(out / "drift.png", dpi=100)
     plt.close(fig)
+    if tables.get("seed_verdicts"):
+        plot_intervals(
+            interval_rows(tables, accounting_text),
+            out / "verdicts.png",
+            f"teamtr − scheme, exact J at n = {max(cfg.ns)} (mean over seeds, 95% t interval)",
+            "filled: the primary family (Holm); hollow: secondary",
+        )
 
 
-__all__ = ["plot", "summary_sections"]
+__all__ = ["accounting_text", "diff_text", "plot", "summary_sections"]

@@ -26,7 +26,11 @@ class LLMFreshnessConfig:
 
     # the team, conductor, model and sampling; its last trainable worker is the one the arms update
     team: LLMTeamConfig = field(default_factory=lambda: LLM_EXPERIMENT_TEAM)
-    trainer: TeamTRConfig = field(default_factory=lambda: LLM_EXPERIMENT_TRAINER)  # batch, epochs, lr, trust region
+    # batch, epochs, trust region: the LLM experiment's; lr: the one its validation grid chose for naive, the scheme
+    # the branch state is trained with (docs/results/llm_tuning.md)
+    trainer: TeamTRConfig = field(
+        default_factory=lambda: replace(LLM_EXPERIMENT_TRAINER, lr=LLMExperimentConfig().lr_for("naive"))
+    )
     pairs: int = 30  # replicate pairs; each has its own team init, stale batch and null batches
     eval_tasks: int = 60  # held-out tasks every arm is played on (the same tasks and episode seeds in every arm, pair)
     eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once

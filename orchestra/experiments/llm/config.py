@@ -52,6 +52,9 @@ LLM_EXPERIMENT_TEAM = LLMTeamConfig(
 LLM_EXPERIMENT_TRAINER = TeamTRConfig(
     num_stages=4, batch_size=16, num_epochs=2, num_minibatches=2, lr=3e-4, delta=0.005, old_logprobs="behaviour"
 )
+# the learning rate per scheme that the validation grid 10⁻⁴ / 3·10⁻⁴ / 10⁻³ chose (``orchestra experiment llm-tune``,
+# docs/results/llm_tuning.md): 10⁻⁴ for every scheme; trainer.lr (3·10⁻⁴) is what any other scheme trains with
+TUNED_LRS: tuple[str, ...] = ("teamtr=0.0001", "naive=0.0001", "stale_indep=0.0001")
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class LLMExperimentConfig:
     equal_updates_control: bool = True
     # per-scheme learning rates overriding trainer.lr, as SCHEME=LR (e.g. the choice of ``orchestra experiment
     # llm-tune``, whose selection.json lists them); a scheme not named trains with trainer.lr
-    lr_by_scheme: tuple[str, ...] = ()
+    lr_by_scheme: tuple[str, ...] = TUNED_LRS
     seed: int = 0  # root seed: run seeds, held-out tasks and their episode seeds derive from it
 
     def __post_init__(self) -> None:
@@ -152,7 +155,15 @@ class LLMExperimentConfig:
             forward_batch_size=8,
         )
         trainer = replace(LLM_EXPERIMENT_TRAINER, num_stages=2, batch_size=4, num_epochs=2, num_minibatches=2, lr=1e-2)
-        base = cls(team=team, trainer=trainer, schemes=("teamtr", "naive"), seeds=1, eval_tasks=6, eval_every=1)
+        base = cls(
+            team=team,
+            trainer=trainer,
+            schemes=("teamtr", "naive"),
+            seeds=1,
+            eval_tasks=6,
+            eval_every=1,
+            lr_by_scheme=(),
+        )
         return replace(base, **overrides)
 
     def scheme_lrs(self) -> dict[str, float]:
@@ -197,4 +208,4 @@ class LLMExperimentConfig:
         return config_json(self)
 
 
-__all__ = ["FROZEN", "LLM_EXPERIMENT_TEAM", "LLM_EXPERIMENT_TRAINER", "LLMExperimentConfig"]
+__all__ = ["FROZEN", "LLM_EXPERIMENT_TEAM", "LLM_EXPERIMENT_TRAINER", "TUNED_LRS", "LLMExperimentConfig"]

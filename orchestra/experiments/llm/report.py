@@ -13,7 +13,9 @@ import numpy as np
 from orchestra.experiments.harness import FULL_VOLUME, Sections, cell, pval
 from orchestra.experiments.llm.analysis import ACCOUNTINGS, acceptance
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
-from orchestra.experiments.verdicts import null_status, verdict_section
+from orchestra.experiments.verdicts import interval_rows, null_status, verdict_findings, verdict_section
+from orchestra.report.findings import Cite, Finding, findings_section
+from orchestra.report.plots import plot_intervals, scheme_colour
 
 _ACCOUNTING_TEXT = {
     "equal_stages": "equal stages (every worker updated {S} times)",
@@ -383,11 +385,43 @@ def _mechanism(cfg: LLMExperimentConfig, table: Sequence[Mapping[str, Any]]) -> 
         "|---|---|---|---|---|---|",
     ]
     for r in table:
+        steps, acted = _mechanism_cells(r)
         lines.append(
-            f"| {r['scheme']} | {r['agent_updates']} | {r['steps_per_update']:.2f} | {r['acted_share']:.0%} | "
+            f"| {r['scheme']} | {r['agent_updates']} | {steps} | {acted} | "
             f"{cell(r['kl_over_delta'], 2)} | {100 * r['step_clip_fraction']:.2f}% |"
         )
     return [*lines, ""]
+
+
+def _acc_short(accounting: str) -> str:
+    return accounting.replace("_", " ")
+
+
+def _mechanism_cells(r: Mapping[str, Any]) -> tuple[str, str]:
+    return f"{r['steps_per_update']:.2f}", f"{r['acted_share']:.0%}"
+
+
+def findings(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[Finding]:
+    """The report's findings, each number cited from a table of the report: what the update mechanism did, then the
+    verdicts over seeds (null check, primary family, secondary comparisons that came out different)."""
+    out: list[Finding] = []
+    parts, cites = [], []
+    for r in tables["mechanism"]:
+        steps, acted = _mechanism_cells(r)
+        parts.append(f"{r['scheme']} {steps} steps per update, the trust region acting in {acted} of updates")
+        keys = (str(r["scheme"]), str(r["agent_updates"]))
+        cites += [Cite(keys, steps), Cite(keys, acted)]
+    if parts:
+        out.append(
+            Finding(
+                f"The update mechanism (up to {cfg.trainer.num_epochs * cfg.trainer.num_minibatches} optimizer steps "
+                f"per update, δ = {cfg.trainer.delta}): " + "; ".join(parts) + ".",
+                tuple(cites),
+            )
+        )
+    if tables.get("null_check") is not None and tables.get("seed_verdicts") is not None:
+        out += verdict_findings(tables, _pct, _acc_short, prefix="Held-out success in points, ")
+    return out
 
 
 def summary_sections(
@@ -398,8 +432,18 @@ def summary_sections(
 ) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
     yet), final, mechanism (what the trust region and the clip did), seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
+    figures = ["![held-out success and training reward against sampled episodes](learning_curves.png)", ""]
+    if tables.get("seed_verdicts"):
+        figures += ["![teamtr − each scheme over seeds, 95% intervals; filled: the primary family](verdicts.png)", ""]
     return {
         "setting": _setting(cfg, seconds) + _interim(missing),
+        "findings": findings_section(
+            findings(cfg, tables),
+            "Generated from the tables below. A run is the unit: the declared primary family (teamtr − naive, "
+            "teamtr − stale_indep) is Holm-corrected; secondary comparisons appear only where they came out "
+            "different, uncorrected.",
+        )
+        + figures,
         "final": _final(cfg, tables),
         "mechanism": _mechanism(cfg, tables["mechanism"]),
         "seeds": verdict_section(
@@ -407,18 +451,16 @@ def summary_sections(
             _pct,
             f"its held-out success (the share of the {cfg.eval_tasks} held-out tasks it solves at the accounting's "
             "stage, in points)",
-            lambda accounting: accounting.replace("_", " "),
+            _acc_short,
             level=lambda v: "—" if math.isnan(v) else f"{100 * v:.1f}",
         ),
         "vs_frozen": _paired("Against the frozen team", tables["vs_frozen"], cfg, FROZEN),
         "pairwise": _paired("Between schemes", tables["pairwise"], cfg, None),
         "reading": _reading(cfg, tables),
         "files": [
-            "![held-out success and training reward against sampled episodes](learning_curves.png)",
-            "",
             "Files (in the benchmark's `--out` directory): `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
             "`seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
-            "`curves.csv`, `headroom.csv`, `training.csv`, `mechanism.csv`, `learning_curves.png`, `runs/{scheme}-seed{s}/` (each run's config, "
+            "`curves.csv`, `headroom.csv`, `training.csv`, `mechanism.csv`, `learning_curves.png`, `verdicts.png` (with verdicts), `runs/{scheme}-seed{s}/` (each run's config, "
             "metrics and checkpoints).",
             "",
         ],
@@ -428,8 +470,9 @@ def summary_sections(
 def plot(
     cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], tables: dict[str, list[dict[str, Any]]], out: Path
 ) -> None:
-    """``learning_curves.png``: held-out success against sampled episodes (mean over seeds, seeds as dots) and the
-    training batches' mean reward against sampled episodes."""
+    """``learning_curves.png``: held-out success against sampled episodes (mean over seeds with the seeds' range as a
+    band, seeds as dots) and the training batches' mean reward against sampled episodes; with verdicts,
+    ``verdicts.png`` (teamtr − each scheme over seeds, 95% intervals, in points)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -438,7 +481,7 @@ def plot(
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     frozen = [r["success"] for r in tables["curves"] if r["scheme"] == FROZEN]
     if frozen:
-        axes[0].axhline(float(np.mean(frozen)), color="grey", ls="--", label="frozen")
+        axes[0].axhline(float(np.mean(frozen)), color=scheme_colour(FROZEN), ls="--", label="frozen")
     for scheme in cfg.schemes:
         pts = [r for r in tables["curves"] if r["scheme"] == scheme]
         if not pts:
@@ -449,10 +492,12 @@ def plot(
         stages = sorted(by_stage)
         x = [float(np.mean([r["episodes"] for r in by_stage[s]])) for s in stages]
         y = [float(np.mean([r["success"] for r in by_stage[s]])) for s in stages]
-        (line,) = axes[0].plot(x, y, "-o", label=scheme)
-        axes[0].scatter(
-            [r["episodes"] for r in pts], [r["success"] for r in pts], s=8, color=line.get_color(), alpha=0.4
-        )
+        colour = scheme_colour(scheme)
+        axes[0].plot(x, y, "-o", label=scheme, color=colour)
+        lo = [min(r["success"] for r in by_stage[s]) for s in stages]
+        hi = [max(r["success"] for r in by_stage[s]) for s in stages]
+        axes[0].fill_between(x, lo, hi, color=colour, alpha=0.15, lw=0)
+        axes[0].scatter([r["episodes"] for r in pts], [r["success"] for r in pts], s=8, color=colour, alpha=0.4)
         train = [r for r in tables["training"] if r["scheme"] == scheme]
         if train:
             eps = sorted({r["episodes"] for r in train})
@@ -460,7 +505,7 @@ def plot(
                 eps,
                 [float(np.mean([r["reward"] for r in train if r["episodes"] == e])) for e in eps],
                 label=scheme,
-                color=line.get_color(),
+                color=colour,
                 alpha=0.8,
             )
     axes[0].set_xlabel("sampled episodes")
@@ -471,6 +516,16 @@ def plot(
     fig.tight_layout()
     fig.savefig(out / "learning_curves.png", dpi=100)
     plt.close(fig)
+    if tables.get("seed_verdicts"):
+        plot_intervals(
+            [
+                (label, 100 * d, 100 * lo, 100 * hi, primary, vs)
+                for label, d, lo, hi, primary, vs in interval_rows(tables, _acc_short)
+            ],
+            out / "verdicts.png",
+            "teamtr − scheme, held-out success in points (mean over seeds, 95% t interval)",
+            "filled: the primary family (Holm); hollow: secondary",
+        )
 
 
 __all__ = ["plot", "summary_sections"]

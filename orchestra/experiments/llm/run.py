@@ -256,15 +256,70 @@ def publish_tables(out_dir: str | Path, dest: str | Path) -> Path:
     return dst
 
 
+def complete_runs(cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]]) -> set[tuple[str, int]]:
+    """The (scheme, seed) runs of ``cfg`` whose every evaluation is complete among ``rows`` (the frozen team's
+    included, as ``(FROZEN, seed)``)."""
+    done = complete_evaluations(rows, cfg.eval_tasks)
+    by_run: dict[tuple[str, int], list[tuple[str, int, int]]] = {}
+    for key in expected_evaluations(cfg):
+        by_run.setdefault(key[:2], []).append(key)
+    return {run for run, keys in by_run.items() if all(k in done for k in keys)}
+
+
+def resume_from_tables(cfg: LLMExperimentConfig, tables: str | Path, out_dir: str | Path) -> list[tuple[str, int]]:
+    """Start ``out_dir`` from tables that :func:`publish_tables` wrote on another machine (or in an earlier session
+    whose checkpoints are gone): its ``config.json`` (checked against ``cfg``), the ``evals.csv`` rows of every
+    COMPLETE (scheme, seed) run and those runs' :data:`RUN_TABLES`. A run cut short there is left out whole and runs
+    again from its start here, so no run mixes two machines (a run is bit-identical only on one). Returns the runs
+    carried over; does nothing (and returns ``[]``) when ``out_dir`` already holds an ``evals.csv``: it is the live
+    run, ahead of any published copy.
+
+    Raises:
+        FileNotFoundError: ``tables`` lacks ``config.json`` or ``evals.csv``.
+        ConfigMismatchError: ``tables`` holds another experiment's config (naming every field).
+    """
+    import csv
+    import shutil
+
+    from orchestra.experiments.harness import read_rows
+
+    src, out = Path(tables), Path(out_dir)
+    if (out / "evals.csv").exists():
+        return []
+    for name in (CONFIG_FILE, "evals.csv"):
+        if not (src / name).exists():
+            raise FileNotFoundError(f"{src / name}: missing; --resume-from wants a directory written by --tables")
+    check_config(src / CONFIG_FILE, cfg, hint="resume from tables of this experiment's config")
+    runs = complete_runs(cfg, read_rows(src / "evals.csv", EVAL_COLUMNS))
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src / CONFIG_FILE, out / CONFIG_FILE)
+    with open(src / "evals.csv", newline="") as f_in, open(out / "evals.csv", "w", newline="") as f_out:
+        reader = csv.DictReader(f_in)
+        writer = csv.DictWriter(f_out, fieldnames=list(reader.fieldnames or ()))  # as write_rows writes
+        writer.writeheader()
+        writer.writerows(r for r in reader if (r["scheme"], int(r["seed"])) in runs)
+    for scheme, seed in sorted(runs):
+        if scheme == FROZEN:
+            continue
+        run = f"{scheme}-seed{seed}"
+        (out / "runs" / run).mkdir(parents=True, exist_ok=True)
+        for name in RUN_TABLES:
+            if (src / "runs" / run / name).exists():
+                shutil.copyfile(src / "runs" / run / name, out / "runs" / run / name)
+    return sorted(runs)
+
+
 __all__ = [
     "EVAL_COLUMNS",
     "EVAL_FIELDS",
     "FROZEN",
     "HeldOut",
     "complete_evaluations",
+    "complete_runs",
     "evaluate",
     "expected_evaluations",
     "held_out_tasks",
     "publish_tables",
+    "resume_from_tables",
     "run_llm_experiment",
 ]

@@ -42,6 +42,7 @@ def tuning_base() -> LLMExperimentConfig:
         eval_tasks=60,
         eval_split="validation",
         equal_updates_control=False,
+        lr_by_scheme=(),  # the grid sets every scheme's learning rate
     )
 
 
@@ -213,6 +214,36 @@ def _summary(cfg: LLMTuneConfig, table: list[dict[str, Any]], chosen: dict[str, 
         "differ by a few points are not told apart; the rule picks one anyway, the same way for every scheme.",
         "",
     ]
+    blank = [
+        f"{r['scheme']} at {r['lr']:g}"
+        for r in table
+        if math.isnan(r["acted_share"]) and not math.isnan(r["val_success"])
+    ]
+    if blank:
+        lines += [
+            "The mechanism columns are blank for "
+            + ("every run" if len(blank) == len(table) else ", ".join(blank))
+            + ": those runs' per-update tables "
+            "(`runs/{scheme}-seed{s}/updates.csv`) are not in this directory (a grid published before they were "
+            "shipped with it keeps only its evaluations); re-running the grid restores them.",
+            "",
+        ]
+    picked = [r for r in table if r["chosen"] and not math.isnan(r["acted_share"])]
+    if picked:
+        idle = [r["scheme"] for r in picked if r["acted_share"] == 0]
+        lines += [
+            "At the chosen learning rates the trust region acted in "
+            + ", ".join(f"{r['acted_share']:.0%} of {r['scheme']}'s {r['agent_updates']}" for r in picked)
+            + " agent-updates"
+            + (
+                f"; for {', '.join(idle)} it never did, so this grid's choice is a setting in which the mechanism "
+                "under test may rarely act: the comparison's report measures it again over every run "
+                '("What the update mechanism did").'
+                if idle
+                else "."
+            ),
+            "",
+        ]
     return lines
 
 
