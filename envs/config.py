@@ -17,13 +17,16 @@ from typing import Literal, get_args
 #   token_cost -(completion tokens of the worker's message) / 100
 #   progress   +1 when a tool says PASS on the current candidate answer, -1 when it says FAIL
 #   format     -1 when an answer-proposing LLM message contains no extractable answer
-REWARD_COMPONENTS: tuple[str, ...] = ("success", "turn_cost", "token_cost", "progress", "format")
+#   price      -(the acting worker's price for the turn): its ``price_per_call`` + ``price_per_token`` × its completion
+#              tokens, in the team's own currency (a priced team weighs it against success; 0 for an unpriced worker)
+REWARD_COMPONENTS: tuple[str, ...] = ("success", "turn_cost", "token_cost", "progress", "format", "price")
 DEFAULT_REWARD_WEIGHTS: Mapping[str, float] = {
     "success": 1.0,
     "turn_cost": 0.02,
     "token_cost": 0.01,
     "progress": 0.0,
     "format": 0.02,
+    "price": 0.0,
 }
 
 Visibility = Literal["all", "own", "last", "task"]
@@ -53,6 +56,17 @@ class WorkerSpec:
     requires: tuple[tuple[str, Requirement], ...] = ()
     role_prompt: str = ""  # system prompt (LLM workers)
     prompt_version: str = "v1"  # bump when the role prompt changes; logged in every message
+    # demonstrations (LLM workers): (task prompt, reply) pairs played as earlier user/assistant turns of the chat, each
+    # user turn laid out like the real one (the worker's first instruction, then the task); a small model follows a
+    # format it has seen answered far better than one it is only told about
+    examples: tuple[tuple[str, str], ...] = ()
+    # what a turn of this worker costs (the reward's ``price`` component): per call, plus per completion token
+    price_per_call: float = 0.0
+    price_per_token: float = 0.0
+
+    def price(self, tokens: int) -> float:
+        """This worker's price for one turn of ``tokens`` completion tokens."""
+        return self.price_per_call + self.price_per_token * tokens
 
 
 Embedder = Literal["minilm", "hash", "none"]  # sentence encoders of the observation (none: no embedding features)
@@ -102,6 +116,10 @@ class TeamEnvConfig:
                         f"workers[{i}] ({w.name}).instructions: {ins!r} is not declared under instructions "
                         f"(declared: {sorted(self.instructions)})"
                     )
+            if w.price_per_call < 0 or w.price_per_token < 0:
+                raise ValueError(f"workers[{i}] ({w.name}).price: prices must be >= 0")
+            if w.examples and w.kind != "llm":
+                raise ValueError(f"workers[{i}] ({w.name}).examples: only an llm worker reads demonstrations")
             if isinstance(w.sees, tuple):
                 for other in w.sees:
                     if other not in names:

@@ -18,14 +18,17 @@ Worker observation    ``{"chat": [...]}``: role prompt, the conductor's instruct
 Worker action         its message: a str, or ``{"text", "tokens", "verdict"}`` (a tool's pass / fail / n/a)
 Rewards               a named vector per step (:mod:`envs.config`): success (verifier score at submit), turn_cost (−1
                       per worker turn), token_cost (−tokens / 100), progress (±1 on a tool's pass / fail of the
-                      current candidate), format (−1 for an LLM answer with nothing to extract); every agent receives
-                      the scalar ``TeamEnvConfig.scalarise`` of it, the vector is in ``infos[agent]["reward_vector"]``
+                      current candidate), format (−1 for an LLM answer with nothing to extract), price (−the worker's
+                      declared price for the turn); every agent receives the scalar ``TeamEnvConfig.scalarise`` of
+                      it, the vector is in ``infos[agent]["reward_vector"]``
 Termination           submit: the verifier scores the candidate (submitting with none, under ``give_up``, is a failure)
 Truncation            the turn budget (``max_turns`` worker turns) is spent and no candidate exists; with a candidate,
                       submit is then the only legal action
 Version history       v0: first release. v1: instruction preconditions (``requires``) and ``give_up`` change which
                       actions are legal in the same state (the observation layout and the rewards are unchanged), so
-                      masks recorded under v0 differ
+                      masks recorded under v0 differ. v1 also gained the ``price`` reward component (each worker's
+                      declared price for its turn) and worker demonstrations (``examples``): a team that declares
+                      neither plays exactly as before (its vector's ``price`` is 0)
 ====================  =================================================================================================
 
 The env holds no LLM (docs/architecture.md §2): the rollout engine generates each worker's text and passes it in as
@@ -254,6 +257,10 @@ class TeamEnv(AECEnv):
         chat = []
         if w.role_prompt:
             chat.append({"role": "system", "content": w.role_prompt})
+        first = self.config.instructions[w.instructions[0]]
+        for task, reply in w.examples:  # demonstrations: answered turns laid out like the real one
+            chat.append({"role": "user", "content": f"{first}\n\nTask:\n{task}"})
+            chat.append({"role": "assistant", "content": reply})
         chat.append({"role": "user", "content": "\n\n".join(parts)})
         return chat
 
@@ -357,6 +364,7 @@ class TeamEnv(AECEnv):
             entry["instruction_text"] = self.pending_text
         self.transcript.append(entry)
         vec["token_cost"] = -tokens / 100.0
+        vec["price"] = -w.price(tokens)
         if verdict in ("pass", "fail") and self._has_candidate():
             vec["progress"] = 1.0 if verdict == "pass" else -1.0
         if w.proposes_answer and w.kind == "llm" and answer is None:

@@ -225,3 +225,44 @@ def test_env_id_is_versioned_and_its_history_is_in_the_spec_table() -> None:
     assert version is not None and team_env.TeamEnv.metadata["name"] == team_env.ENV_ID
     doc = team_env.__doc__ or ""
     assert f"``{team_env.ENV_ID}``" in doc and f"v{version.group(1)}:" in doc.split("Version history", 1)[1]
+
+
+def test_a_priced_worker_charges_its_price_per_call_and_per_token() -> None:
+    cfg = _cfg()
+    solver = dataclasses.replace(cfg.workers[0], price_per_call=0.05, price_per_token=0.002)
+    cfg = dataclasses.replace(cfg, workers=(solver, *cfg.workers[1:]), reward_weights={"success": 1.0, "price": 1.0})
+    env = TeamEnv(cfg, get_family("arithmetic"))
+    env.reset(seed=3)
+    task = env.task
+    assert task is not None
+    env.step(cfg.action_id("solver", "solve"))
+    env.step({"text": f"Answer: {task.answer}", "tokens": 20})
+    assert env.step_reward_vector["price"] == pytest.approx(-(0.05 + 0.002 * 20))
+    env.step(cfg.action_id("calculator", "check"))
+    env.step({"text": "N/A", "tokens": 0, "verdict": "n/a"})
+    assert env.step_reward_vector["price"] == 0.0  # an unpriced worker costs nothing
+    env.step(cfg.submit_action)
+    assert env.rewards[CONDUCTOR] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"workers\[0\] \(solver\)\.price: prices must be >= 0"):
+        dataclasses.replace(cfg, workers=(dataclasses.replace(solver, price_per_call=-1.0), *cfg.workers[1:]))
+
+
+def test_demonstrations_come_before_the_real_turn_laid_out_like_it() -> None:
+    cfg = _cfg()
+    solver = dataclasses.replace(
+        cfg.workers[0], role_prompt="You solve.", examples=(("What is 2 + 2?", "print(2 + 2)"),)
+    )
+    env = TeamEnv(dataclasses.replace(cfg, workers=(solver, *cfg.workers[1:])), get_family("arithmetic"))
+    env.reset(seed=3)
+    assert env.task is not None
+    env.step(env.config.action_id("solver", "solve"))
+    chat = env.worker_chat("solver")
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user"]
+    assert chat[1]["content"] == "Solve it.\n\nTask:\nWhat is 2 + 2?" and chat[2]["content"] == "print(2 + 2)"
+    assert chat[3]["content"] == f"Solve it.\n\nTask:\n{env.task.prompt}"
+    with pytest.raises(ValueError, match=r"\(calculator\)\.examples: only an llm worker"):
+        TeamEnvConfig(
+            name="t",
+            workers=(cfg.workers[0], dataclasses.replace(cfg.workers[1], examples=(("q", "a"),))),
+            instructions=cfg.instructions,
+        )

@@ -85,6 +85,8 @@ KINDS = (
     "truncated",
 )
 CRITIC = "critic_turn"
+# one team per family, and the priced arithmetic team (its program writers and the python tool)
+TEAMS = (*PROTOCOL_FAMILIES, "arithmetic_priced")
 GARBLED = ""  # a reply with no readable answer in any family: a format failure
 CRITIQUE = "The latest answer may be wrong: check the calculation and the conditions again."
 
@@ -117,6 +119,12 @@ def _candidates(task: Task) -> tuple[str, str]:
     if fam == "code_synthesis":
         return f"```python\n{ans}\n```", f"```python\n{meta['signature']}\n    return None\n```"
     raise AssertionError(fam)
+
+
+def _programs(task: Task) -> tuple[str, str]:
+    """A right and a wrong program for an arithmetic ``task``, written from the ORIGINAL task (a fixed script)."""
+    expr = task.metadata["solution_expression"]
+    return f"print({expr})", f"print({expr} + 1)"
 
 
 Script = Mapping[str, tuple[str, ...]]  # task id -> the answer-proposing worker's replies, in turn
@@ -186,13 +194,16 @@ def _schedules(team: TeamSpec) -> dict[str, Callable[[], ConductorPolicy]]:
     cfg: TeamEnvConfig = team.env
     llm, tool = _roles(team)
     out = {name: conductor_factory(name, team, seed=0) for name in [*team_rules(team), "random"]}
-    spend = [f"{llm}:solve", f"{tool}:check"] * cfg.max_turns
+    first = {w.name: w.instructions[0] for w in cfg.workers}
+    spend = [f"{llm}:{first[llm]}", f"{tool}:{first[tool]}"] * cfg.max_turns
     out["spend_budget"] = lambda: PipelineConductor(cfg, spend)
-    out["ask_again"] = lambda: PipelineConductor(cfg, [f"{llm}:solve"] * cfg.max_turns)
+    out["ask_again"] = lambda: PipelineConductor(cfg, [f"{llm}:{first[llm]}"] * cfg.max_turns)
     return out
 
 
-def _play(team: TeamSpec, family: TaskFamily, tasks: list[Task], script: Script) -> Played:
+def _play(
+    team: TeamSpec, family: TaskFamily, tasks: list[Task], script: Script, programs: Script | None = None
+) -> Played:
     played = Played({}, [], [])
     tools = ToolBackend(_recording_tools(family.tools(), played.tool_calls))
     workers = {}
@@ -201,7 +212,10 @@ def _play(team: TeamSpec, family: TaskFamily, tasks: list[Task], script: Script)
         if rt.kind == "tool":
             backend: Any = tools
         else:
-            backend = RecordingBackend(w.name, script if w.proposes_answer else None, played.requests)
+            # a program writer (the priced team's) replies with ``programs``: right, wrong, none (the python tool runs
+            # them); any other non-proposer critiques
+            own = script if w.proposes_answer else programs if "program" in w.instructions else None
+            backend = RecordingBackend(w.name, own, played.requests)
         workers[w.name] = Worker(w.name, rt.kind, backend, rt.generation, w.prompt_version, rt.tool)
     for name, factory in _schedules(team).items():
         engine = RolloutEngine(team, family, workers, factory, conductor_name=name, progress=False)
@@ -316,17 +330,19 @@ def _assert_declared(base: Sequence[Task], pert: Sequence[Task]) -> None:
         )
 
 
-@pytest.mark.parametrize("family_name", PROTOCOL_FAMILIES)
-def test_perturbing_the_solution_changes_nothing_a_conductor_tool_or_worker_sees(family_name: str) -> None:
-    team = _team(family_name)
-    family = get_family(team.family)
+@pytest.mark.parametrize("team_name", TEAMS)
+def test_perturbing_the_solution_changes_nothing_a_conductor_tool_or_worker_sees(team_name: str) -> None:
+    team = _team(team_name)
+    family_name = team.family
+    family = get_family(family_name)
     tasks = family.generate("test", 3 if family_name == "code_synthesis" else 6, seed=3)
     assert MUST_HIDE[family_name] <= set(tasks[0].hidden), f"{family_name} must hide {MUST_HIDE[family_name]}"
     assert all(set(t.metadata) <= set(t.hidden) | PUBLIC[family_name] for t in tasks), "an undeclared field"
     script = _script(tasks, _candidates)
     pert_tasks = [perturbed(t) for t in tasks]
     _assert_declared(tasks, pert_tasks)
-    base, pert = _play(team, family, tasks, script), _play(team, family, pert_tasks, script)
+    programs = _script(tasks, _programs) if family_name == "arithmetic" else None
+    base, pert = _play(team, family, tasks, script, programs), _play(team, family, pert_tasks, script, programs)
     _assert_nothing_leaks(team, base, pert)
     assert any(e.success for eps in base.episodes.values() for e in eps)
 
@@ -512,9 +528,9 @@ class NoLLM:
         raise AssertionError("a tool-only schedule called an LLM worker")
 
 
-@pytest.mark.parametrize("family_name", PROTOCOL_FAMILIES)
-def test_tool_only_conductor_solves_no_held_out_task(family_name: str) -> None:
-    team = _team(family_name)
+@pytest.mark.parametrize("team_name", TEAMS)
+def test_tool_only_conductor_solves_no_held_out_task(team_name: str) -> None:
+    team = _team(team_name)
     family = get_family(team.family)
     tools = ToolBackend(family.tools())
     workers = {

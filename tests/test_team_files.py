@@ -134,3 +134,41 @@ def test_a_named_rule_needs_a_rule_type(tmp_path: Path) -> None:
         conductor_factory("twice", load_team(bad))
     with pytest.raises(PolicyError, match="rules of team.yaml: .*twice"):
         conductor_factory("thrice", load_team(bad))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda r: r["workers"][0].__setitem__("price", {"per_call": -1}),
+            r"workers\[0\]\.price\.per_call: must be >= 0",
+        ),
+        (
+            lambda r: r["workers"][0].__setitem__("price", {"per_hour": 1}),
+            r"workers\[0\]\.price\.per_hour: unknown field",
+        ),
+        (
+            lambda r: r["workers"][0].__setitem__("examples", [{"task": "q"}]),
+            r"workers\[0\]\.examples\[0\]\.reply: required field is missing",
+        ),
+        (
+            lambda r: r["workers"][1].__setitem__("examples", [{"task": "q", "reply": "a"}]),
+            r"workers\[1\]\.examples: only an llm worker reads demonstrations",
+        ),
+    ],
+)
+def test_bad_price_or_demonstration_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    p = _write(tmp_path, mutate)
+    with pytest.raises(TeamFileError, match=message) as e:
+        load_team(p)
+    assert str(p) in str(e.value)
+
+
+def test_price_and_demonstrations_reach_the_worker_spec(tmp_path: Path) -> None:
+    def mutate(r):  # type: ignore[no-untyped-def]
+        r["workers"][0]["price"] = {"per_call": 0.1, "per_token": 0.001}
+        r["workers"][0]["examples"] = [{"task": "What is 2 + 2?", "reply": "print(2 + 2)"}]
+
+    solver = load_team(_write(tmp_path, mutate)).env.workers[0]
+    assert (solver.price_per_call, solver.price_per_token) == (0.1, 0.001)
+    assert solver.examples == (("What is 2 + 2?", "print(2 + 2)"),) and solver.price(10) == pytest.approx(0.11)

@@ -590,6 +590,12 @@ class Episode(_Record):
         return sum(1 for s in self.steps if s.message is not None)
 
     @property
+    def price(self) -> float:
+        """What the team's declared worker prices charged for the episode: minus the ``price`` reward components
+        summed (0 for an unpriced team, or one recorded before prices existed)."""
+        return -sum(s.reward.named.get("price", 0.0) for s in self.steps)
+
+    @property
     def total_tokens(self) -> int:
         """Tokens spent: ``usage["tokens"]`` summed, else prompt + completion over the messages."""
         tokens = self.usage.get("tokens")

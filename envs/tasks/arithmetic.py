@@ -26,6 +26,7 @@ from envs.tasks.base import Split, Task, ToolFn, Verdict
 from envs.tasks.calculator import calculator, canonical_expression, evaluate
 from envs.tasks.common import Draw, sample_distinct
 from envs.tasks.extract import extract_number_with_rule, format_number, numbers_equal
+from envs.tasks.program import python_tool
 
 NAMES = [
     ("Tom", "He"),
@@ -253,5 +254,6 @@ class ArithmeticFamily:
         return verify_number(task.answer, text)
 
     def tools(self) -> Mapping[str, ToolFn]:
-        """``calculator``: re-evaluates the expressions a worker wrote (it never reads the task)."""
-        return {"calculator": calculator}
+        """``calculator``: re-evaluates the expressions a worker wrote; ``python``: runs the program a worker wrote in
+        the sandbox (:mod:`envs.tasks.program`). Neither reads the task."""
+        return {"calculator": calculator, "python": python_tool}

@@ -128,6 +128,27 @@ class _Fields:
             raise self.err(extra[0], f"unknown field (known here: {', '.join(sorted(self._seen))})")
 
 
+def _examples(w: _Fields) -> tuple[tuple[str, str], ...]:
+    """``examples``: a list of ``{task, reply}`` demonstrations (LLM workers)."""
+    out = []
+    for j, ex in enumerate(w.get("examples", list, [])):
+        e = _Fields(w.where, ex, w._name(f"examples[{j}]"))
+        out.append((e.get("task", str), e.get("reply", str)))
+        e.check_unknown()
+    return tuple(out)
+
+
+def _price(w: _Fields) -> tuple[float, float]:
+    """``price: {per_call, per_token}`` (both default 0, both >= 0)."""
+    p = w.sub("price", {})
+    per_call, per_token = p.get("per_call", float, 0.0), p.get("per_token", float, 0.0)
+    p.check_unknown()
+    for key, v in (("per_call", per_call), ("per_token", per_token)):
+        if v < 0:
+            raise p.err(key, f"must be >= 0, got {v}")
+    return per_call, per_token
+
+
 def _verdicts(w: _Fields) -> list[str]:
     vs = w.get("answer_verdicts", list, ["pass"])
     for v in vs:
@@ -245,6 +266,10 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
             )
         n_ctx = backends.get(backend or "", {}).get("n_ctx", MAX_CONTEXT_TOKENS)
         gen = _generation(w.sub("generation", {}), int(n_ctx) if isinstance(n_ctx, int) else MAX_CONTEXT_TOKENS)
+        examples = _examples(w)
+        if examples and kind != "llm":
+            raise w.err("examples", "only an llm worker reads demonstrations")
+        per_call, per_token = _price(w)
         specs.append(
             WorkerSpec(
                 name=wname,
@@ -256,6 +281,9 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
                 requires=_requires(w),
                 role_prompt=w.get("role_prompt", str, ""),
                 prompt_version=w.get("prompt_version", str, "v1"),
+                examples=examples,
+                price_per_call=per_call,
+                price_per_token=per_token,
             )
         )
         runtimes[wname] = WorkerRuntime(wname, kind, backend, tool, gen, adapter)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestra.experiments.harness import ExperimentResult, Say, cell, finish, open_run_dir, read_rows, stderr_say
-from orchestra.experiments.llm.config import FROZEN, LLM_EXPERIMENT_TRAINER, LLMExperimentConfig
+from orchestra.experiments.llm.config import FROZEN, LLM_EXPERIMENT_TRAINER, TUNING_DELTA, LLMExperimentConfig
 from trajectories.rundir import CONFIG_FILE
 
 SELECTION_RULE = (
@@ -34,9 +34,10 @@ SELECTION_RULE = (
 
 def tuning_base() -> LLMExperimentConfig:
     """The validation experiment every learning rate runs: teamtr, naive and stale_indep, 1 seed, 2 stages (the
-    one-batch naive runs 4: equal episodes), 60 validation tasks, the experiment's team and trainer otherwise."""
+    one-batch naive runs 4: equal episodes), 60 validation tasks, the experiment's team and trainer otherwise, at the
+    δ the published grid ran at (:data:`~orchestra.experiments.llm.config.TUNING_DELTA`)."""
     return LLMExperimentConfig(
-        trainer=replace(LLM_EXPERIMENT_TRAINER, num_stages=2),
+        trainer=replace(LLM_EXPERIMENT_TRAINER, num_stages=2, delta=TUNING_DELTA),
         schemes=("teamtr", "naive", "stale_indep"),
         seeds=1,
         eval_tasks=60,
