@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -149,9 +150,19 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
             h.oracle_success - h.best_fixed_success
         )
         assert h.oracle_tokens > 0 and h.seeds == 2
+        # the replicate oracle (picked on other sampling seeds, scored here) is what a router could capture; the
+        # in-sample oracle's surplus over it is luck, never negative
+        assert h.capturable == pytest.approx(h.replicate_oracle_success - h.best_fixed_success)
+        assert h.luck == pytest.approx(h.oracle_success - h.replicate_oracle_success) and h.luck >= 0
     assert len(res.fqe) == 3 * 2  # bc, cql-a0.1, cql-a0.5 × (mid-training, final)
     ledger = res.paths["ledger"].read_text().splitlines()
-    assert len(ledger) == 1 + 2 * 2  # the menu, then each released learner × seed
+    assert len(ledger) == 2 + 2 * 2  # the menu, its replicate run, then each released learner × seed
+    replicate = [json.loads(line) for line in ledger if json.loads(line)["conductor"] == "menu-replicate"]
+    assert [e["sampling_seed"] for e in replicate] == [cfg.run.seed + cfg.replicate_offset]
+    rep_eps = read_many([out / "test" / "arithmetic" / "menu-replicate.jsonl"]).episodes
+    main_eps = read_many([out / "test" / "arithmetic" / "menu.jsonl"]).episodes
+    assert {e.task.id for e in rep_eps} == {e.task.id for e in main_eps if e.conductor.name != "random"}
+    assert not {e.seed for e in rep_eps} & {e.seed for e in main_eps}  # the same tasks, other draws
     summary = res.paths["summary"].read_text()
     assert "## What these numbers do not show" in summary and "oracle" in summary
     # the page opens with findings whose every number is in a table below them

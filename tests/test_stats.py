@@ -139,6 +139,24 @@ def test_oracle_router_headroom_and_captured_fraction() -> None:
     assert math.isnan(stats.captured_fraction(0.6, 0.6, 0.6))
 
 
+def test_the_replicate_oracle_picks_on_one_run_and_is_scored_on_the_other() -> None:
+    # two noisy replicates of the same two schedules: on each task a schedule's success is a coin the runs draw apart
+    main = {"a": {"t1": (True, 1.0), "t2": (False, 1.0), "t3": (False, 1.0)},
+            "b": {"t1": (False, 2.0), "t2": (True, 2.0), "t3": (False, 2.0)}}  # fmt: skip
+    replicate = {"a": {"t1": (False, 1.0), "t2": (True, 1.0), "t3": (True, 1.0)},
+                 "b": {"t1": (True, 2.0), "t2": (False, 2.0), "t3": (False, 2.0), "t9": (True, 2.0)}}  # fmt: skip
+    in_sample = stats.oracle_router(main)
+    assert sum(c.success for c in in_sample.values()) == 2  # t1 by a, t2 by b: the union of the draws
+    rep = stats.replicate_oracle(replicate, main)
+    assert set(rep) == {"t1", "t2", "t3"}, "t9 is not in the scored run"
+    # picked on the replicate: t1 → b, t2 → a, t3 → a; scored on main, each pick failed there
+    assert rep["t1"] == stats.OracleChoice("b", False, 2.0) and rep["t2"] == stats.OracleChoice("a", False, 1.0)
+    assert sum(c.success for c in rep.values()) == 0  # the in-sample surplus here is all luck
+    # a schedule that wins the same tasks in both runs keeps its wins: skill survives the replicate
+    assert stats.replicate_oracle(main, main) == in_sample
+    assert stats.replicate_oracle({}, main) == {} and stats.replicate_oracle({"c": {"t1": (True, 0.0)}}, main) == {}
+
+
 def test_fqe_selection() -> None:
     measured = [0.1, 0.5, 0.3, 0.9]
     good = stats.fqe_selection([1.0, 2.0, 1.5, 3.0], measured)

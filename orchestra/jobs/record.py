@@ -43,6 +43,9 @@ class RecordConfig:
     # the run seed and each episode's seed; what they did is in each episode's metadata["perturbations"]
     perturb: tuple[str, ...] = ()
     run: RunOptions = RunOptions()  # seed, envs, cache, progress
+    # the episodes' sampling seeds derive from this instead of run.seed (the tasks still from run.seed): a replicate
+    # run plays the same tasks with other draws (phase 1's replicate oracle); None = run.seed
+    sampling_seed: int | None = None
 
     def conductor_specs(self) -> list[str]:
         specs = [c.strip() for c in self.conductor.split(",") if c.strip()]
@@ -96,10 +99,12 @@ def planned_jobs(cfg: RecordConfig, session: Session) -> dict[str, list[EpisodeJ
         raise ValueError(f"--split: expected one of {', '.join(SPLITS)}, got {cfg.split!r}")
     seed, team = cfg.run.seed, session.team
     tasks = session.family.generate(cfg.split, cfg.episodes, seed, cfg.difficulty)
+    draws = seed if cfg.sampling_seed is None else cfg.sampling_seed
+    tag = "" if cfg.sampling_seed is None else f"-r{cfg.sampling_seed}"
     out = {}
     for spec in cfg.conductor_specs():
         name = exploring_name(split_spec(spec)[0], cfg.epsilon)
-        out[spec] = plan_jobs(tasks, seed, f"{team.name}-{name}-{cfg.split}-s{seed}")
+        out[spec] = plan_jobs(tasks, draws, f"{team.name}-{name}-{cfg.split}-s{seed}{tag}")
     return out
 
 

@@ -248,6 +248,23 @@ def oracle_router(outcomes: Mapping[str, Mapping[Any, tuple[bool, float]]]) -> d
     return out
 
 
+def replicate_oracle(
+    picks_from: Mapping[str, Mapping[Any, tuple[bool, float]]],
+    scored_on: Mapping[str, Mapping[Any, tuple[bool, float]]],
+) -> dict[Any, OracleChoice]:
+    """The oracle router without best-of-N luck: per task, the schedule :func:`oracle_router` picks on a replicate run
+    (``picks_from``: the same tasks played with other sampling seeds), scored by what that schedule did in the run
+    it is compared on (``scored_on``). A router can aim at this (its picks do not know the scored run's draws); the
+    in-sample oracle's surplus over it is the luck component. Only tasks both runs played for every schedule count."""
+    common = {s: v for s, v in picks_from.items() if s in scored_on}
+    if not common:
+        return {}
+    tasks = set.intersection(*(set(v) for v in common.values()), *(set(scored_on[s]) for s in common))
+    picks = oracle_router({s: {t: v[t] for t in tasks} for s, v in common.items()})
+    return {t: OracleChoice(c.schedule, bool(scored_on[c.schedule][t][0]), float(scored_on[c.schedule][t][1]))
+            for t, c in picks.items()}  # fmt: skip
+
+
 def headroom(oracle: float, best_rule: float) -> float:
     """Success the best rule-based schedule leaves to a router: oracle − best rule."""
     return oracle - best_rule
