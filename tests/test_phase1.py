@@ -149,7 +149,7 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
         assert h.oracle_success >= h.best_fixed_success and h.headroom == pytest.approx(
             h.oracle_success - h.best_fixed_success
         )
-        assert h.oracle_tokens > 0 and h.seeds == 2
+        assert h.oracle_cost > 0 and h.seeds == 2
         # the replicate oracle (picked on other sampling seeds, scored here) is what a router could capture; the
         # in-sample oracle's surplus over it is luck, never negative
         assert h.capturable == pytest.approx(h.replicate_oracle_success - h.best_fixed_success)
@@ -186,3 +186,37 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     assert len(entries) == 2 * len(ledger) and {e["forced"] for e in entries[len(ledger) :]} == {"a ninth task"}
     summary = forced.paths["summary"].read_text()
     assert "### Forced test evaluations" in summary and summary.count("| a ninth task |") == len(ledger)
+
+
+def test_a_priced_teams_cost_is_its_price(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a priced team the oracle's cost and the cost–quality plane are the team file's prices, not tokens: the
+    oracle picks the cheapest successful schedule by price."""
+    import orchestra.runtime.session as session_mod
+    from orchestra.jobs.phase1 import run_phase1
+    from orchestra.report import stats
+    from tests.scripted import scripted_workers
+    from trajectories import read_many
+
+    monkeypatch.setattr(session_mod, "build_workers", lambda team, tools, **kw: scripted_workers(team))
+    cfg = Phase1Config(
+        teams=["arithmetic_priced"],
+        train_episodes=4,
+        validation_episodes=4,
+        eval_episodes=6,
+        algos=["bc"],
+        seeds=[0],
+        n_steps=30,
+        n_steps_per_epoch=30,
+        fqe_steps=20,
+        run=RunOptions(use_cache=False, progress=False),
+    )
+    res = run_phase1(cfg, tmp_path / "run")
+    menu = [e for e in read_many([tmp_path / "run" / "test" / "arithmetic_priced" / "menu.jsonl"]).episodes]
+    outcomes: dict[str, dict[object, tuple[bool, float]]] = {}
+    for e in menu:
+        if e.conductor.name != "random":
+            outcomes.setdefault(e.conductor.name, {})[e.task.id] = (e.success, e.price)
+    oracle = stats.oracle_router(outcomes)
+    assert any(e.price > 0 for e in menu) and all(e.price < e.total_tokens for e in menu if e.price > 0)
+    (h,) = res.headroom
+    assert h.oracle_cost == pytest.approx(sum(c.cost for c in oracle.values()) / len(oracle))

@@ -71,21 +71,29 @@ def report_tables(
     panels: dict[str, list[tuple[str, float, float, str]]] = {}
     subset_lines: list[str] = []
     power_lines: list[str] = []
+    xlabels: dict[str, str] = {}
     for name in menus:
         eps = [e for e in test_eps if e.team.name == name]
         by = _by_task(eps)
         menu = [m for m in menus[name] if m in by]
         tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
-        outcomes = {m: {t: (by[m][t].success, float(by[m][t].total_tokens)) for t in tasks} for m in menu}
+        # the cost of an episode: a priced team's price (the team file's worker prices), else its tokens
+        priced = any(e.price > 0 for e in eps)
+
+        def cost(e: Episode, priced: bool = priced) -> float:
+            return e.price if priced else float(e.total_tokens)
+
+        def row_cost(r: ResultRow, priced: bool = priced) -> float:
+            return r.mean_price if priced else r.mean_tokens
+
+        outcomes = {m: {t: (by[m][t].success, cost(by[m][t])) for t in tasks} for m in menu}
         oracle = stats.oracle_router(outcomes)
         o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
         o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
         # the replicate plays the same tasks with other episode seeds: match the two runs by task id
         rep_by = _by_task([e for e in replicate if e.team.name == name])
         rep_outcomes = {
-            m: {tid: (e.success, float(e.total_tokens)) for (tid, _), e in rep_by[m].items()}
-            for m in menu
-            if m in rep_by
+            m: {tid: (e.success, cost(e)) for (tid, _), e in rep_by[m].items()} for m in menu if m in rep_by
         }
         main_by_id = {m: {tid: v for (tid, _), v in outcomes[m].items()} for m in menu}
         r_oracle = stats.replicate_oracle(rep_outcomes, main_by_id)
@@ -95,14 +103,15 @@ def report_tables(
         team_rows = {r.conductor: r for r in rows if r.team == name}
         bf = team_rows[best_fixed[name]]
         bt = best_of(list(team_rows.values()), menu)
-        panels[fam_of[name]] = [(m, team_rows[m].mean_tokens, team_rows[m].success_rate, "rule") for m in menu]
+        xlabels[fam_of[name]] = "mean price per episode (team file)" if priced else "mean tokens per episode"
+        panels[fam_of[name]] = [(m, row_cost(team_rows[m]), team_rows[m].success_rate, "rule") for m in menu]
         panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
         if r_oracle:
             r_cost = float(np.mean([c.cost for c in r_oracle.values()]))
             panels[fam_of[name]].append(("replicate oracle", r_cost, r_succ, "oracle"))
         if "random" in team_rows:
             panels[fam_of[name]].append(
-                ("random", team_rows["random"].mean_tokens, team_rows["random"].success_rate, "other")
+                ("random", row_cost(team_rows["random"]), team_rows["random"].success_rate, "other")
             )
         for algo, labs in learners[name].items():
             succ = [team_rows[lab].success_rate for lab in labs]
@@ -132,7 +141,7 @@ def report_tables(
                 )
             )
             panels[fam_of[name]].append(
-                (algo, float(np.mean([team_rows[lab].mean_tokens for lab in labs])), sm, "learned")
+                (algo, float(np.mean([row_cost(team_rows[lab]) for lab in labs])), sm, "learned")
             )
             for lab in labs:
                 common = [t for t in tasks if t in by[lab]]
@@ -153,7 +162,7 @@ def report_tables(
         )
         names = [*menu, *(lab for labs in learners[name].values() for lab in labs)]
         subset_lines.append(subset_table_md(name, names, by, hard))
-    plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1")
+    plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1", xlabel=xlabels)
     paths["cost_quality"] = report_dir / "cost_quality.png"
     write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
     tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [])

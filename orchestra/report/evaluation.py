@@ -149,6 +149,7 @@ def summarize(episodes: Iterable[Episode], n_resamples: int = N_RESAMPLES, seed:
                 tokens_ci_low=k_lo,
                 tokens_ci_high=k_hi,
                 errored=errored[(family, team, conductor)],
+                mean_price=float(np.mean([e.price for e in eps])),
             )
         )
     return rows

@@ -14,7 +14,7 @@ Phase 2's schemes keep one colour in every figure of every report (:func:`scheme
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +189,11 @@ def plot_cost_quality(
     panels: dict[str, list[tuple[str, float, float, str]]],
     path: Path,
     title: str,
-    xlabel: str = "mean tokens per episode",
+    xlabel: str | Mapping[str, str] = "mean tokens per episode",
 ) -> None:
     """One panel per family; ``panels[family]`` lists (label, cost, success in [0, 1], kind) with kind
-    ``rule`` (a menu schedule), ``learned``, ``oracle`` or ``other``. The menu's hull is drawn as a step line."""
+    ``rule`` (a menu schedule), ``learned``, ``oracle`` or ``other``. The menu's hull is drawn as a step line.
+    ``xlabel``: the cost axis's label, one for every panel or one per family (a priced team's cost is its price)."""
     plt = _pyplot()
     fams = sorted(panels) or ["(no data)"]
     fig, axes = plt.subplots(1, len(fams), figsize=(4.4 * len(fams) + 0.6, 4.0), squeeze=False)
@@ -214,7 +215,7 @@ def plot_cost_quality(
             ax.plot(c, 100 * q, marker, color=colour, markersize=11 if kind == "oracle" else 7)
             ax.annotate(label, (c, 100 * q), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_title(fam)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel.get(fam, "mean tokens per episode"))
         ax.set_ylim(-2, 105)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("success rate on test (%)")

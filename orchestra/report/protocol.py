@@ -43,7 +43,7 @@ class HeadroomRow:
     captured_mean: float
     captured_sd: float
     seeds: int
-    oracle_tokens: float = float("nan")  # mean tokens per task of the oracle's picks
+    oracle_cost: float = float("nan")  # mean cost per task of the oracle's picks: tokens, or a priced team's price
     # the oracle picked per task on the replicate run (other sampling seeds) and scored on this one
     # (stats.replicate_oracle); nan without a replicate run
     replicate_oracle_success: float = float("nan")

@@ -35,6 +35,7 @@ class ResultRow:
     tokens_ci_low: float
     tokens_ci_high: float
     errored: int = 0
+    mean_price: float = 0.0  # the team file's worker prices summed per episode (0 for an unpriced team)
 
 
 @dataclass(frozen=True)
