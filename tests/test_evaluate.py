@@ -186,6 +186,9 @@ def test_verdict_rule_edges() -> None:
     assert verdict(0.0, 1.0, 0.01, 1.0, 1.1, 0.75, 0.8) == "cheaper"  # tokens alone
     assert verdict(0.0, 1.0, 0.2, 0.1, 0.2, 0.1, 0.2) == "no clear difference", "cheap but not shown non-inferior"
     assert verdict(0.0, 1.0, 0.01, math.nan, math.nan) == "non-inferior"
+    # a priced team: the price ratio counts like turns and tokens
+    assert verdict(0.0, 1.0, 0.01, 1.0, 1.1, 1.0, 1.1, price_ratio=0.6, price_ratio_hi=0.9) == "cheaper"
+    assert verdict(0.0, 1.0, 0.01, 1.0, 1.1, 1.0, 1.1, price_ratio=0.6, price_ratio_hi=1.2) == "non-inferior"
     assert verdict(math.nan, math.nan, math.nan) == "no paired tasks"
 
 

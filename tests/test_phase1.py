@@ -220,3 +220,6 @@ def test_a_priced_teams_cost_is_its_price(tmp_path: Path, monkeypatch: pytest.Mo
     assert any(e.price > 0 for e in menu) and all(e.price < e.total_tokens for e in menu if e.price > 0)
     (h,) = res.headroom
     assert h.oracle_cost == pytest.approx(sum(c.cost for c in oracle.values()) / len(oracle))
+    # the paired table gains the price ratio, and the legend says what it counts for
+    summary = res.paths["summary"].read_text()
+    assert "| price ratio [95% CI] |" in summary and "Price: the team file's worker prices" in summary

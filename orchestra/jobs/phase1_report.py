@@ -14,6 +14,7 @@ import numpy as np
 from orchestra.report import stats
 from orchestra.report.evaluation import (
     PAIRED_LEGEND,
+    PRICE_LEGEND,
     PairedRow,
     ResultRow,
     format_collapse_table,
@@ -291,7 +292,7 @@ def summary_md(
         "",
         "## Paired against the best fixed schedule (chosen on validation)",
         "",
-        PAIRED_LEGEND,
+        PAIRED_LEGEND + ("" if all(math.isnan(p.price_ratio) for p in tables.paired) else " " + PRICE_LEGEND),
         "",
         format_paired_table(tables.paired),
         "",

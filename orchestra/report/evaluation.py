@@ -206,6 +206,8 @@ def verdict(
     tokens_ratio: float = math.nan,
     tokens_ratio_hi: float = math.nan,
     alpha: float = ALPHA,
+    price_ratio: float = math.nan,
+    price_ratio_hi: float = math.nan,
 ) -> str:
     """The acceptance rule of a conductor against the best rule-based one, from Holm-adjusted p-values
     (success as fractions), the first that applies:
@@ -213,8 +215,8 @@ def verdict(
     * ``beats``: McNemar p < α and Δ success ≥ +5 points;
     * ``better``: McNemar p < α and 0 < Δ success < +5 points;
     * ``worse``: McNemar p < α and Δ success < 0;
-    * ``cheaper``: non-inferior (p < α for "more than 5 points worse") and turns or tokens at least
-      25% lower, with that ratio's 95% interval below 1;
+    * ``cheaper``: non-inferior (p < α for "more than 5 points worse") and turns, tokens or (on a priced
+      team) price at least 25% lower, with that ratio's 95% interval below 1;
     * ``non-inferior``: non-inferior at −5 points, not shown cheaper;
     * ``no clear difference``: none of these (the data do not tell).
     """
@@ -225,7 +227,8 @@ def verdict(
             return "beats"
         return "better" if success_diff > 0 else "worse"
     if ni_p < alpha:
-        if _cheaper(turns_ratio, turns_ratio_hi) or _cheaper(tokens_ratio, tokens_ratio_hi):
+        if any(_cheaper(*r) for r in ((turns_ratio, turns_ratio_hi), (tokens_ratio, tokens_ratio_hi),
+                                      (price_ratio, price_ratio_hi))):  # fmt: skip
             return "cheaper"
         return "non-inferior"
     return "no clear difference"
@@ -244,6 +247,8 @@ def _with_verdict(r: PairedRow, mcnemar_p_holm: float, ni_p_holm: float) -> Pair
         r.turns_ratio_hi,
         r.tokens_ratio,
         r.tokens_ratio_hi,
+        price_ratio=r.price_ratio,
+        price_ratio_hi=r.price_ratio_hi,
     )
     return dataclasses.replace(r, mcnemar_p_holm=mcnemar_p_holm, ni_p_holm=ni_p_holm, verdict=v)
 
@@ -270,16 +275,20 @@ def paired_row(
             base.setdefault(_pair_key(e), e)
     keys = sorted(mine.keys() & base.keys())
 
-    def cols(eps: list[Episode]) -> np.ndarray:  # (n_pairs, 4): success, return, turns, tokens
-        return np.array([[e.success, e.return_, e.worker_turns, e.total_tokens] for e in eps], dtype=np.float64)
+    def cols(eps: list[Episode]) -> np.ndarray:  # (n_pairs, 5): success, return, turns, tokens, price
+        return np.array(
+            [[e.success, e.return_, e.worker_turns, e.total_tokens, e.price] for e in eps], dtype=np.float64
+        )
 
-    c = cols([mine[k] for k in keys]).reshape(-1, 4)
-    b = cols([base[k] for k in keys]).reshape(-1, 4)
+    c = cols([mine[k] for k in keys]).reshape(-1, 5)
+    b = cols([base[k] for k in keys]).reshape(-1, 5)
     succ = stats.paired_success(c[:, 0] > 0.5, b[:, 0] > 0.5)
     mc = stats.mcnemar_exact(c[:, 0] > 0.5, b[:, 0] > 0.5) if keys else stats.McNemar(0, 0, math.nan)
     ret = stats.paired_mean(c[:, 1], b[:, 1])
     turns = stats.ratio_ci(c[:, 2], b[:, 2], n_resamples=n_resamples, seed=seed)
     tokens = stats.ratio_ci(c[:, 3], b[:, 3], n_resamples=n_resamples, seed=seed)
+    priced = len(keys) > 0 and bool((b[:, 4] > 0).any())
+    price = stats.ratio_ci(c[:, 4], b[:, 4], n_resamples=n_resamples, seed=seed) if priced else (math.nan,) * 3
     first = episodes[0]
     row = PairedRow(
         family=first.task.family,
@@ -310,6 +319,9 @@ def paired_row(
         tokens_ratio_lo=tokens[1],
         tokens_ratio_hi=tokens[2],
         verdict="",
+        price_ratio=price[0],
+        price_ratio_lo=price[1],
+        price_ratio_hi=price[2],
     )
     return _with_verdict(row, mc.p, succ.ni_p)
 
@@ -367,14 +379,19 @@ def format_paired_table(rows: Sequence[PairedRow]) -> str:
         "| turns ratio [95% CI] | tokens ratio [95% CI] | Δ return [95% CI] | verdict |"
     )
     sep = "|---|---|---|---:|---:|---|---:|---:|---:|---:|---|---|---|---|"
+    priced = any(not math.isnan(r.price_ratio) for r in rows)  # a priced team's price ratio gets its own column
+    if priced:
+        head = head.replace("| tokens ratio [95% CI] |", "| tokens ratio [95% CI] | price ratio [95% CI] |")
+        sep += "---|"
     lines = [head, sep]
     for r in rows:
+        price = f"| {_ratio(r.price_ratio, r.price_ratio_lo, r.price_ratio_hi)} " if priced else ""
         lines.append(
             f"| {r.family} | {r.conductor} | {r.baseline} | {r.n_pairs} | {100 * r.success_diff:+.1f} "
             f"| [{100 * r.success_lo:+.1f}, {100 * r.success_hi:+.1f}] | {r.wins} / {r.losses} "
             f"| {p_text(r.mcnemar_p_holm)} | {100 * r.ni_lower:+.1f} | {p_text(r.ni_p_holm)} "
             f"| {_ratio(r.turns_ratio, r.turns_ratio_lo, r.turns_ratio_hi)} "
-            f"| {_ratio(r.tokens_ratio, r.tokens_ratio_lo, r.tokens_ratio_hi)} "
+            f"| {_ratio(r.tokens_ratio, r.tokens_ratio_lo, r.tokens_ratio_hi)} {price}"
             f"| {r.return_diff:+.3f} [{r.return_lo:+.3f}, {r.return_hi:+.3f}] | **{r.verdict}** |"
         )
     return "\n".join(lines)
@@ -389,6 +406,11 @@ PAIRED_LEGEND = (
     "**beats** (McNemar p < 0.05, Δ ≥ +5 points), **better** (McNemar p < 0.05, 0 < Δ < +5), **worse** "
     "(McNemar p < 0.05, Δ < 0), **cheaper** (NI p < 0.05 and a turns or tokens ratio ≤ 0.75 whose interval "
     "lies below 1), **non-inferior** (NI p < 0.05), **no clear difference** otherwise."
+)
+# what a table with a price column adds to the legend (a priced team's)
+PRICE_LEGEND = (
+    "Price: the team file's worker prices per episode, the same ratio; a price ratio ≤ 0.75 whose interval lies "
+    "below 1 also makes a non-inferior conductor **cheaper**."
 )
 
 
@@ -536,6 +558,7 @@ __all__ = [
     "CHEAPER_FRACTION",
     "NI_MARGIN",
     "PAIRED_LEGEND",
+    "PRICE_LEGEND",
     "COLLAPSE_SHARE",
     "N_RESAMPLES",
     "CollapseRow",

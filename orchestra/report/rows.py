@@ -4,6 +4,7 @@ against a baseline, and how varied a conductor's schedules are."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -47,8 +48,8 @@ class PairedRow:
     tasks, ``mcnemar_p`` the exact McNemar p-value, ``ni_lower`` the one-sided 95% lower bound and
     ``ni_p`` the p-value of "more than ``evaluation.NI_MARGIN`` worse"; the ``*_holm`` columns are Holm-adjusted
     across the rows of one table (a row made alone is its own table). Return: mean difference and t
-    interval. Turns and tokens: ratio of paired means (conductor / baseline) with a paired BCa
-    bootstrap interval (nan when the baseline spends nothing)."""
+    interval. Turns, tokens and price: ratio of paired means (conductor / baseline) with a paired BCa
+    bootstrap interval (nan when the baseline spends nothing, so always for price on an unpriced team)."""
 
     family: str
     team: str
@@ -78,6 +79,10 @@ class PairedRow:
     tokens_ratio_lo: float
     tokens_ratio_hi: float
     verdict: str
+    # a priced team's price (the team file's worker prices per episode): the same ratio; nan when unpriced
+    price_ratio: float = math.nan
+    price_ratio_lo: float = math.nan
+    price_ratio_hi: float = math.nan
 
 
 @dataclass(frozen=True)
