@@ -273,3 +273,33 @@ def test_evaluation_report_writes_every_file(tmp_path: Path) -> None:
     # the old call (rows only) still writes the main files
     old = write_report(rows, tmp_path / "old")
     assert all(old[k].exists() for k in ("csv", "md", "png"))
+
+
+def test_hull_rules_read_the_menu_at_the_conductors_place() -> None:
+    from orchestra.report.evaluation import hull_rules
+
+    menu = {"cheap": (100.0, 0.40), "mid": (200.0, 0.55), "dear": (400.0, 0.60), "waste": (500.0, 0.50)}
+    assert hull_rules(menu, 250.0, 0.58) == ("mid", "dear")  # best within its cost; cheapest at least as good
+    assert hull_rules(menu, 90.0, 0.30) == ("cheap", "cheap")  # cheaper than every rule: the cheapest
+    assert hull_rules(menu, 600.0, 0.70) == ("dear", "dear")  # better than every rule: the most successful
+    with pytest.raises(ValueError, match="no rules"):
+        hull_rules({}, 1.0, 0.5)
+
+
+def test_above_the_hull_means_better_at_equal_cost_or_as_good_for_a_quarter_less() -> None:
+    from orchestra.report.evaluation import above_hull, hull_comparison
+
+    cheap = _costly("pipeline", BIG, turns=1, tokens=100)  # 50%
+    dear = _costly("heuristic", [s or i % 4 == 1 for i, s in enumerate(BIG)], turns=4, tokens=400)  # 75%
+    better = _costly("bc", [s or i % 4 in (1, 3) for i, s in enumerate(BIG)], turns=4, tokens=400)  # 100%, same cost
+    frugal = _costly("fbc", [s or i % 4 == 1 for i, s in enumerate(BIG)], turns=2, tokens=200)  # 75% at half
+    plain = _costly("dqn", BIG, turns=4, tokens=400)  # 50% at the dear rule's cost: below the hull
+    eps = cheap + dear + better + frugal + plain
+    rows = summarize(eps, n_resamples=200)
+    paired = hull_comparison(eps, rows, {"duo": ["pipeline", "heuristic"]}, lambda r: r.mean_tokens, n_resamples=200)
+    pairs = {(p.conductor, p.baseline) for p in paired}
+    # dqn: the hull at its cost is heuristic, and the cheapest rule as good as it is pipeline
+    assert pairs == {("bc", "heuristic"), ("fbc", "pipeline"), ("fbc", "heuristic"), ("dqn", "heuristic"),
+                     ("dqn", "pipeline")}  # fmt: skip
+    above = above_hull(paired)
+    assert above == {("duo", "bc"): True, ("duo", "fbc"): True, ("duo", "dqn"): False}

@@ -165,6 +165,10 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     assert not {e.seed for e in rep_eps} & {e.seed for e in main_eps}  # the same tasks, other draws
     summary = res.paths["summary"].read_text()
     assert "## What these numbers do not show" in summary and "oracle" in summary
+    # the cost–quality verdict: every learner evaluation paired with the hull's rules at its place, one line each
+    assert "## The cost–quality verdict" in summary
+    assert {p.conductor for p in res.hull} == {f"{a}-s{s}" for a in ("bc", "cql") for s in (0, 1)}
+    assert all(p.baseline in menu for p in res.hull) and summary.count("the hull") >= 4
     # the page opens with findings whose every number is in a table below them
     found = read_findings(res.paths["findings"])
     assert len(found) == 2 and summary.index("## Findings") < summary.index("## Headroom")

@@ -43,7 +43,7 @@ from envs.observation import ObservationEncoder
 from orchestra.jobs.phase1_report import best_of, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
-from orchestra.report.evaluation import ResultRow, summarize
+from orchestra.report.evaluation import PairedRow, ResultRow, summarize
 from orchestra.report.protocol import FQERow, HeadroomRow
 from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
@@ -149,6 +149,7 @@ class Phase1Result:
     fqe: list[FQERow]
     rules: dict[str, str]  # team/learner -> distilled rules
     paths: dict[str, Path]
+    hull: list[PairedRow] = field(default_factory=list)  # each learner against the menu's hull at its place
 
 
 @dataclass
@@ -259,7 +260,7 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     print()
     print("\n".join(summary))
     print(f"\nfinished in {elapsed:.0f} s; summary: {md}")
-    return Phase1Result(tables.rows, tables.headroom, fqe_rows, rules, paths)
+    return Phase1Result(tables.rows, tables.headroom, fqe_rows, rules, paths, tables.hull)
 
 
 def _stage(i: int, n: int, msg: str) -> None:

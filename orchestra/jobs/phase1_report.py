@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +17,11 @@ from orchestra.report.evaluation import (
     PRICE_LEGEND,
     PairedRow,
     ResultRow,
+    above_hull,
     format_collapse_table,
     format_paired_table,
     format_table,
+    hull_comparison,
     mode_collapse,
     p_text,
     paired_comparison,
@@ -44,6 +46,8 @@ class Tables:
     power_lines: list[str]
     paths: dict[str, Path]
     findings: list[Finding]  # the summary's findings (:func:`phase1_findings`), also in ``report/findings.json``
+    # each learner against the menu's hull at its place (evaluation.hull_comparison), Holm within each team
+    hull: list[PairedRow] = field(default_factory=list)
 
 
 def report_tables(
@@ -73,6 +77,7 @@ def report_tables(
     subset_lines: list[str] = []
     power_lines: list[str] = []
     xlabels: dict[str, str] = {}
+    hull: list[PairedRow] = []
     for name in menus:
         eps = [e for e in test_eps if e.team.name == name]
         by = _by_task(eps)
@@ -88,6 +93,7 @@ def report_tables(
             return r.mean_price if priced else r.mean_tokens
 
         outcomes = {m: {t: (by[m][t].success, cost(by[m][t])) for t in tasks} for m in menu}
+        hull += hull_comparison(eps, rows, {name: menu}, row_cost)
         oracle = stats.oracle_router(outcomes)
         o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
         o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
@@ -166,7 +172,7 @@ def report_tables(
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1", xlabel=xlabels)
     paths["cost_quality"] = report_dir / "cost_quality.png"
     write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
-    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [])
+    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [], hull)
     tables.findings = phase1_findings(tables)
     write_findings(report_dir / "findings.json", tables.findings)
     paths["findings"] = report_dir / "findings.json"
@@ -296,6 +302,17 @@ def summary_md(
         "",
         format_paired_table(tables.paired),
         "",
+        "## The cost–quality verdict: each learner against the menu's hull at its place",
+        "",
+        "Each learner (per training seed) is paired with two fixed schedules of the menu read off the test plane: the "
+        "most successful one costing no more than it (the hull at its cost) and the cheapest one at least as "
+        "successful (the hull at its success); cost is a priced team's price, else tokens. Above the hull: more "
+        "successful than the first (Holm-adjusted McNemar p < 0.05), or non-inferior to the second at a cost ≥ 25% "
+        "lower whose interval lies below 1; Holm within each team's rows. The two rules are picked on the test "
+        "plane, which favours them, not the learner.",
+        "",
+        *hull_md(tables.hull),
+        "",
         "## The LLM-required subset: test tasks neither `tool_only` nor `single_shot` solves",
         "",
         "| team | conductor | tasks | success |",
@@ -336,6 +353,18 @@ def summary_md(
     return summary
 
 
+def hull_md(rows: Sequence[PairedRow]) -> list[str]:
+    """The hull table and, per learner, whether it is above the hull (no rows: a line saying so)."""
+    if not rows:
+        return ["No learner was evaluated against the hull."]
+    above = above_hull(rows)
+    verdicts = [
+        f"- **{team}** / {conductor}: {'above the hull' if up else 'not above the hull'}"
+        for (team, conductor), up in above.items()
+    ]
+    return [format_paired_table(rows), "", *verdicts]
+
+
 def forced_md(ledger: Sequence[Mapping[str, object]]) -> list[str]:
     """The section listing every forced test evaluation among the ledger's entries, with its reason (no lines when
     none was forced)."""
@@ -371,4 +400,4 @@ def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]
     return out
 
 
-__all__ = ["Tables", "best_of", "forced_md", "phase1_findings", "report_tables", "summary_md"]
+__all__ = ["Tables", "best_of", "forced_md", "hull_md", "phase1_findings", "report_tables", "summary_md"]

@@ -414,6 +414,81 @@ PRICE_LEGEND = (
 )
 
 
+# ----------------------------------------------------------------------------- the cost–quality hull
+
+
+def hull_rules(points: Mapping[str, tuple[float, float]], cost: float, success: float) -> tuple[str, str]:
+    """The two fixed schedules a conductor at (``cost``, ``success``) is compared with on the cost–quality plane,
+    from the menu's ``points`` (rule -> (mean cost, success)), the hull read at the conductor's place:
+
+    * at equal cost: the most successful rule costing no more than the conductor (the cheapest rule when none is
+      that cheap); the conductor is above the hull there when it is more successful;
+    * at equal success: the cheapest rule at least as successful as the conductor (the most successful rule when
+      none is); the conductor is above the hull there when it is as successful for ≥ 25% less.
+
+    Ties go to the cheaper, then the first-named rule."""
+    if not points:
+        raise ValueError("hull_rules: the menu has no rules")
+    names = list(points)
+    affordable = [r for r in names if points[r][0] <= cost + 1e-12]
+    at_cost = (
+        max(affordable, key=lambda r: (points[r][1], -points[r][0], -names.index(r)))
+        if affordable
+        else min(names, key=lambda r: (points[r][0], -points[r][1], names.index(r)))
+    )
+    good = [r for r in names if points[r][1] >= success - 1e-12]
+    at_success = (
+        min(good, key=lambda r: (points[r][0], -points[r][1], names.index(r)))
+        if good
+        else max(names, key=lambda r: (points[r][1], -points[r][0], -names.index(r)))
+    )
+    return at_cost, at_success
+
+
+def hull_comparison(
+    episodes: Iterable[Episode],
+    rows: Sequence[ResultRow],
+    menus: Mapping[str, Sequence[str]],
+    cost: Callable[[ResultRow], float],
+    n_resamples: int = N_RESAMPLES,
+    seed: int = 0,
+) -> list[PairedRow]:
+    """Every learned conductor of each team (``menus``: team -> its fixed schedules) paired with the two rules of
+    :func:`hull_rules` at its place on the plane (``cost`` of a result row: tokens, or a priced team's price).
+    Holm-adjusted within each team's comparisons (:func:`above_hull` reads them)."""
+    groups = _group(episodes)
+    out: list[PairedRow] = []
+    for team, menu in menus.items():
+        team_rows = {r.conductor: r for r in rows if r.team == team}
+        points = {m: (cost(team_rows[m]), team_rows[m].success_rate) for m in menu if m in team_rows}
+        if not points:
+            continue
+        mine: list[PairedRow] = []
+        for r in team_rows.values():
+            if r.rule_based or r.conductor in menu or r.conductor in MODEL_CONDUCTORS:
+                continue
+            for rule in dict.fromkeys(hull_rules(points, cost(r), r.success_rate)):
+                mine.append(
+                    paired_row(groups[(r.family, team, r.conductor)], groups[(r.family, team, rule)], n_resamples, seed)
+                )
+        out += adjust(mine)
+    return out
+
+
+def above_hull(rows: Sequence[PairedRow], alpha: float = ALPHA) -> dict[tuple[str, str], bool]:
+    """(team, conductor) -> whether one of its :func:`hull_comparison` rows puts it above the hull: more successful
+    (Holm-adjusted McNemar p < α, Δ > 0), or non-inferior (Holm-adjusted NI p < α) at a cost ≥ 25% lower with the
+    ratio's interval below 1, the cost being a priced team's price (else tokens)."""
+    out: dict[tuple[str, str], bool] = {}
+    for r in rows:
+        priced = not math.isnan(r.price_ratio)
+        ratio, hi = (r.price_ratio, r.price_ratio_hi) if priced else (r.tokens_ratio, r.tokens_ratio_hi)
+        better = r.mcnemar_p_holm < alpha and r.success_diff > 0
+        cheaper = r.ni_p_holm < alpha and _cheaper(ratio, hi)
+        out[(r.team, r.conductor)] = out.get((r.team, r.conductor), False) or better or cheaper
+    return out
+
+
 # ----------------------------------------------------------------------------- mode collapse
 
 
@@ -558,6 +633,9 @@ __all__ = [
     "CHEAPER_FRACTION",
     "NI_MARGIN",
     "PAIRED_LEGEND",
+    "above_hull",
+    "hull_comparison",
+    "hull_rules",
     "PRICE_LEGEND",
     "COLLAPSE_SHARE",
     "N_RESAMPLES",
