@@ -262,3 +262,39 @@ def test_publishing_to_a_server_without_the_runtime_endpoint_says_how_to_enable_
         assert backend.payload(req)["model"] == "solver"  # nothing published: the adapter's own name
     finally:
         srv.close()
+
+
+@pytest.mark.slow
+def test_the_priced_teams_larger_model_over_http_plays_and_is_charged_its_price(
+    aliased_server: str, tmp_path: Path
+) -> None:
+    """docs/examples/arithmetic_priced_http.yaml, its `big` backend pointed at a real llama.cpp server (SmolLM2 under
+    the alias `solver-v1` standing in for the larger model): the analyst's turns go to that server, the python tool
+    runs its programs, and every analyst turn is charged the analyst's declared price."""
+    import yaml
+
+    from orchestra.runtime.conductors import conductor_factory
+    from orchestra.runtime.rollout import RolloutEngine, plan_jobs
+
+    raw = yaml.safe_load((Path(__file__).parent.parent / "docs/examples/arithmetic_priced_http.yaml").read_text())
+    raw["backends"]["big"].update(base_url=aliased_server, model="solver-v1")
+    raw["embedder"] = "hash"
+    team_yaml = tmp_path / "team.yaml"
+    team_yaml.write_text(yaml.safe_dump(raw, sort_keys=False))
+    team = load_team(str(team_yaml))
+    family = get_family(team.family)
+    workers = build_workers(team, family.tools(), use_cache=False)
+    analyst = next(w for w in team.env.workers if w.name == "analyst")
+    engine = RolloutEngine(
+        team, family, workers, conductor_factory("analyst", team), conductor_name="analyst", progress=False
+    )
+    eps = engine.run(plan_jobs(family.generate("validation", 3, seed=0), 0, "http-priced"))
+    assert len(eps) == 3 and all(e.error is None for e in eps)
+    for e in eps:
+        first, run = e.steps[0], e.steps[1]
+        assert first.message is not None and first.message.worker == "analyst"
+        assert first.message.model_id == "http:solver-v1"  # served by the stand-in for the larger model
+        tokens = first.message.completion_tokens
+        assert first.reward.named["price"] == pytest.approx(-analyst.price(tokens))
+        assert run.message is not None and run.message.worker == "python"
+        assert e.price == pytest.approx(analyst.price(tokens) + 0.05)  # the analyst's turn and one sandboxed run
