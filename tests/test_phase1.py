@@ -106,33 +106,29 @@ def test_caveats_say_when_a_rule_of_the_menu_earns_a_learners_verdict_too() -> N
     assert "verdicts (" not in "\n".join(not_shown([row], alone, seeds=[0, 1, 2], run_seed=0))
 
 
+def _scripted(monkeypatch: pytest.MonkeyPatch, **kw: object) -> Phase1Config:
+    """A small phase-1 config whose LLM workers are scripted (the real env, tools, d3rlpy and report)."""
+    import orchestra.runtime.session as session_mod
+    from tests.scripted import scripted_workers
+
+    monkeypatch.setattr(session_mod, "build_workers", lambda team, tools, **_: scripted_workers(team))
+    return Phase1Config(n_steps_per_epoch=30, run=RunOptions(use_cache=False, progress=False), **kw)  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_phase1 on the arithmetic team with scripted LLM workers (the real env, tools, d3rlpy and report): the
     baseline is chosen on validation episodes, test and validation tasks are disjoint, every test evaluation is in
     the ledger once, and the oracle is at least the best fixed schedule and costs tokens."""
-    import orchestra.runtime.session as session_mod
     from orchestra.jobs.phase1 import run_phase1
     from orchestra.report.evaluation import summarize
     from orchestra.report.findings import check_findings, read_findings
-    from orchestra.runtime.session import RunOptions
-    from tests.scripted import scripted_workers
     from trajectories import read_many
 
-    monkeypatch.setattr(session_mod, "build_workers", lambda team, tools, **kw: scripted_workers(team))
-    cfg = Phase1Config(
-        teams=["arithmetic"],
-        train_episodes=6,
-        validation_episodes=6,
-        eval_episodes=8,
-        algos=["bc", "cql"],
-        cql_alphas=[0.1, 0.5],
-        seeds=[0, 1],
-        n_steps=60,
-        n_steps_per_epoch=30,
-        fqe_steps=30,
-        run=RunOptions(use_cache=False, progress=False),
-    )
+    cfg = _scripted(
+        monkeypatch, teams=["arithmetic"], train_episodes=6, validation_episodes=6, eval_episodes=8,
+        algos=["bc", "cql"], cql_alphas=[0.1, 0.5], seeds=[0, 1], n_steps=60, fqe_steps=30,
+    )  # fmt: skip
     out = tmp_path / "run"
     res = run_phase1(cfg, out)
     for key in ("summary", "ledger", "headroom", "fqe", "cost_quality"):
@@ -192,28 +188,18 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     assert "### Forced test evaluations" in summary and summary.count("| a ninth task |") == len(ledger)
 
 
+@pytest.mark.slow
 def test_a_priced_teams_cost_is_its_price(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a priced team the oracle's cost and the cost–quality plane are the team file's prices, not tokens: the
     oracle picks the cheapest successful schedule by price."""
-    import orchestra.runtime.session as session_mod
     from orchestra.jobs.phase1 import run_phase1
     from orchestra.report import stats
-    from tests.scripted import scripted_workers
     from trajectories import read_many
 
-    monkeypatch.setattr(session_mod, "build_workers", lambda team, tools, **kw: scripted_workers(team))
-    cfg = Phase1Config(
-        teams=["arithmetic_priced"],
-        train_episodes=4,
-        validation_episodes=4,
-        eval_episodes=6,
-        algos=["bc"],
-        seeds=[0],
-        n_steps=30,
-        n_steps_per_epoch=30,
-        fqe_steps=20,
-        run=RunOptions(use_cache=False, progress=False),
-    )
+    cfg = _scripted(
+        monkeypatch, teams=["arithmetic_priced"], train_episodes=4, validation_episodes=4, eval_episodes=6,
+        algos=["bc"], seeds=[0], n_steps=30, fqe_steps=20,
+    )  # fmt: skip
     res = run_phase1(cfg, tmp_path / "run")
     menu = [e for e in read_many([tmp_path / "run" / "test" / "arithmetic_priced" / "menu.jsonl"]).episodes]
     outcomes: dict[str, dict[object, tuple[bool, float]]] = {}

@@ -82,6 +82,23 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
             lambda r: r["workers"][0]["generation"].__setitem__("top_p", 1.5),
             r"workers\[0\]\.generation\.top_p: must be in",
         ),
+        # prices and demonstrations (priced teams)
+        (
+            lambda r: r["workers"][0].__setitem__("price", {"per_call": -1}),
+            r"workers\[0\]\.price\.per_call: must be >= 0",
+        ),
+        (
+            lambda r: r["workers"][0].__setitem__("price", {"per_hour": 1}),
+            r"workers\[0\]\.price\.per_hour: unknown field",
+        ),
+        (
+            lambda r: r["workers"][0].__setitem__("examples", [{"task": "q"}]),
+            r"workers\[0\]\.examples\[0\]\.reply: required field is missing",
+        ),
+        (
+            lambda r: r["workers"][1].__setitem__("examples", [{"task": "q", "reply": "a"}]),
+            r"workers\[1\]\.examples: only an llm worker reads demonstrations",
+        ),
     ],
 )
 def test_bad_team_file_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -134,34 +151,6 @@ def test_a_named_rule_needs_a_rule_type(tmp_path: Path) -> None:
         conductor_factory("twice", load_team(bad))
     with pytest.raises(PolicyError, match="rules of team.yaml: .*twice"):
         conductor_factory("thrice", load_team(bad))
-
-
-@pytest.mark.parametrize(
-    ("mutate", "message"),
-    [
-        (
-            lambda r: r["workers"][0].__setitem__("price", {"per_call": -1}),
-            r"workers\[0\]\.price\.per_call: must be >= 0",
-        ),
-        (
-            lambda r: r["workers"][0].__setitem__("price", {"per_hour": 1}),
-            r"workers\[0\]\.price\.per_hour: unknown field",
-        ),
-        (
-            lambda r: r["workers"][0].__setitem__("examples", [{"task": "q"}]),
-            r"workers\[0\]\.examples\[0\]\.reply: required field is missing",
-        ),
-        (
-            lambda r: r["workers"][1].__setitem__("examples", [{"task": "q", "reply": "a"}]),
-            r"workers\[1\]\.examples: only an llm worker reads demonstrations",
-        ),
-    ],
-)
-def test_bad_price_or_demonstration_names_the_field(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
-    p = _write(tmp_path, mutate)
-    with pytest.raises(TeamFileError, match=message) as e:
-        load_team(p)
-    assert str(p) in str(e.value)
 
 
 def test_price_and_demonstrations_reach_the_worker_spec(tmp_path: Path) -> None:
