@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,25 @@ def test_caveats_name_small_headroom_and_a_validation_choice_that_differs_on_tes
     )
     text = "\n".join(not_shown([row], [], seeds=[0, 1, 2], run_seed=0))
     assert "under 10" in text and "validation chose `pipeline`" in text and "No learned conductor" in text
+
+
+def test_without_capturable_headroom_no_captured_fraction_is_claimed() -> None:
+    """The replicate oracle at or below the best fixed schedule (all of the in-sample headroom was luck): the table
+    shows no captured fraction, the finding says so, and every number it cites is in the table."""
+    from orchestra.jobs.phase1_report import Tables, phase1_findings
+    from orchestra.report.findings import check_findings, findings_section
+    from orchestra.report.protocol import headroom_table_md
+
+    row = HeadroomRow(
+        "arithmetic", 10, "single_shot", 0.30, "pipeline", 0.40, 0.60, 0.30, "bc (bc)", 0.30, 0.0,
+        math.nan, math.nan, 1, 0.5, 0.20, -0.10, 0.40,
+    )  # fmt: skip
+    table = headroom_table_md([row])
+    assert "| — | 1 |" in table and "nan" not in table
+    (found,) = phase1_findings(Tables([], [], [row], [], [], {}, []))
+    assert "no headroom to capture" in found.text and "+40.0 points" in found.text and "nan" not in found.text
+    page = "\n".join([*findings_section([found], "Generated."), "## Headroom", "", table])
+    assert check_findings(page, [found]) == []
 
 
 def test_caveats_say_when_a_rule_of_the_menu_earns_a_learners_verdict_too() -> None:

@@ -30,7 +30,15 @@ from orchestra.report.evaluation import (
 )
 from orchestra.report.findings import Cite, Finding, findings_section, write_findings
 from orchestra.report.plots import plot_cost_quality
-from orchestra.report.protocol import FQERow, HeadroomRow, fqe_table_md, headroom_table_md, not_shown, subset_table_md
+from orchestra.report.protocol import (
+    FQERow,
+    HeadroomRow,
+    captured_text,
+    fqe_table_md,
+    headroom_table_md,
+    not_shown,
+    subset_table_md,
+)
 from trajectories import Episode
 from trajectories.rundir import write_table
 
@@ -194,7 +202,7 @@ def phase1_findings(tables: Tables) -> list[Finding]:
             f"{100 * best.headroom:+.1f}",
         )
         succ = f"{100 * best.learner_success_mean:.1f}% ± {100 * best.learner_success_sd:.1f}"
-        cap = f"{best.captured_mean:+.2f} ± {best.captured_sd:.2f}"
+        cap = captured_text(best)
         if math.isnan(best.replicate_oracle_success):
             out.append(
                 Finding(
@@ -217,16 +225,13 @@ def phase1_findings(tables: Tables) -> list[Finding]:
                     f"{best.tasks} test tasks; the oracle over the menu, picking per task on a replicate run (other "
                     f"sampling seeds), {rep}: a capturable headroom of {capt} points (in-sample the oracle reaches "
                     f"{oracle}; the {luck} points between the two are best-of-N luck); the best learner, "
-                    f"{best.learner}, {succ} over {best.seeds} seeds, capturing {cap} of the capturable headroom.",
-                    (
-                        Cite(keys, bf),
-                        Cite(keys, rep),
-                        Cite(keys, capt),
-                        Cite(keys, oracle),
-                        Cite(keys, luck),
-                        Cite(keys, succ),
-                        Cite(keys, cap),
+                    f"{best.learner}, {succ} over {best.seeds} seeds"
+                    + (
+                        ", with no headroom to capture (no captured fraction)."
+                        if cap == "—"
+                        else f", capturing {cap} of the capturable headroom."
                     ),
+                    tuple(Cite(keys, x) for x in (bf, rep, capt, oracle, luck, succ, cap) if x != "—"),
                 )
             )
         learned = [p for p in tables.paired if p.team == team and not p.rule_based]

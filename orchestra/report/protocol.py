@@ -79,6 +79,12 @@ def _pct(x: float) -> str:
     return "—" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
+def captured_text(r: HeadroomRow) -> str:
+    """A learner's captured fraction as the headroom table shows it: ``mean ± sd``, or — without headroom to
+    capture (the replicate oracle at or below the best fixed schedule)."""
+    return "—" if math.isnan(r.captured_mean) else f"{r.captured_mean:+.2f} ± {r.captured_sd:.2f}"
+
+
 def headroom_table_md(rows: Sequence[HeadroomRow]) -> str:
     lines = [
         "| team | tasks | best fixed (validation) | its test success | best rule on test | oracle (in-sample) "
@@ -92,7 +98,7 @@ def headroom_table_md(rows: Sequence[HeadroomRow]) -> str:
             f"({100 * r.best_on_test_success:.1f}%) | {100 * r.oracle_success:.1f}% | "
             f"{_pct(r.replicate_oracle_success)} | {_pts(r.capturable)} | {_pts(r.luck)} "
             f"| {r.learner} | {100 * r.learner_success_mean:.1f}% ± {100 * r.learner_success_sd:.1f} "
-            f"| {r.captured_mean:+.2f} ± {r.captured_sd:.2f} | {r.seeds} |"
+            f"| {captured_text(r)} | {r.seeds} |"
         )
     return "\n".join(lines)
 
@@ -165,4 +171,4 @@ def not_shown(
     return out
 
 
-__all__ = ["FQERow", "HeadroomRow", "fqe_table_md", "headroom_table_md", "not_shown", "subset_table_md"]
+__all__ = ["FQERow", "HeadroomRow", "captured_text", "fqe_table_md", "headroom_table_md", "not_shown", "subset_table_md"]
