@@ -171,4 +171,12 @@ def not_shown(
     return out
 
 
-__all__ = ["FQERow", "HeadroomRow", "captured_text", "fqe_table_md", "headroom_table_md", "not_shown", "subset_table_md"]
+__all__ = [
+    "FQERow",
+    "HeadroomRow",
+    "captured_text",
+    "fqe_table_md",
+    "headroom_table_md",
+    "not_shown",
+    "subset_table_md",
+]
