@@ -123,7 +123,7 @@ def report_tables(
         panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
         if r_oracle:
             r_cost = float(np.mean([c.cost for c in r_oracle.values()]))
-            panels[fam_of[name]].append(("replicate oracle", r_cost, r_succ, "oracle"))
+            panels[fam_of[name]].append(("replicate oracle", r_cost, r_succ, "replicate"))
         if "random" in team_rows:
             panels[fam_of[name]].append(
                 ("random", row_cost(team_rows["random"]), team_rows["random"].success_rate, "other")

@@ -192,7 +192,8 @@ def plot_cost_quality(
     xlabel: str | Mapping[str, str] = "mean tokens per episode",
 ) -> None:
     """One panel per family; ``panels[family]`` lists (label, cost, success in [0, 1], kind) with kind
-    ``rule`` (a menu schedule), ``learned``, ``oracle`` or ``other``. The menu's hull is drawn as a step line.
+    ``rule`` (a menu schedule), ``learned``, ``oracle``, ``replicate`` (the oracle picked on a replicate run, an open
+    star) or ``other``. The menu's hull is drawn as a step line.
     ``xlabel``: the cost axis's label, one for every panel or one per family (a priced team's cost is its price)."""
     plt = _pyplot()
     fams = sorted(panels) or ["(no data)"]
@@ -201,6 +202,7 @@ def plot_cost_quality(
         "rule": ("o", "tab:blue"),
         "learned": ("D", "tab:red"),
         "oracle": ("*", "tab:green"),
+        "replicate": ("*", "tab:green"),  # drawn open: the oracle picked on a replicate run
         "other": ("x", "grey"),
     }
     for ax, fam in zip(axes[0], fams, strict=True):
@@ -212,14 +214,22 @@ def plot_cost_quality(
             ax.plot(xs, [100 * y for y in ys], "-", color="tab:blue", alpha=0.4, label="menu hull")
         for label, c, q, kind in pts:
             marker, colour = style.get(kind, style["other"])
-            ax.plot(c, 100 * q, marker, color=colour, markersize=11 if kind == "oracle" else 7)
+            big = kind in ("oracle", "replicate")
+            face = "none" if kind == "replicate" else colour
+            ax.plot(c, 100 * q, marker, color=colour, markerfacecolor=face, markersize=11 if big else 7)
             ax.annotate(label, (c, 100 * q), fontsize=7, xytext=(4, 3), textcoords="offset points")
         ax.set_title(fam)
         ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel.get(fam, "mean tokens per episode"))
         ax.set_ylim(-2, 105)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("success rate on test (%)")
-    fig.suptitle(f"{title}: circles menu schedules, diamonds learned (mean over seeds), star oracle router", fontsize=9)
+    stars = (
+        "stars oracle router (open: picked on a replicate run)"
+        if any(k == "replicate" for pts in panels.values() for *_, k in pts)
+        else "star oracle router"
+    )
+    sep = "\n" if len(fams) == 1 else " "  # one panel is too narrow for the legend on one line
+    fig.suptitle(f"{title}: circles menu schedules, diamonds learned (mean over seeds),{sep}{stars}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
