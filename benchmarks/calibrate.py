@@ -136,14 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {out / 'calibration.csv'}, {out / 'outcomes.csv'}")
     if args.markdown:
         Path(args.markdown).write_text(
-            markdown(rows, outcomes, " ".join(["python benchmarks/calibrate.py", *argv_or_sys(argv)]))
+            markdown(
+                rows, outcomes, " ".join(["python benchmarks/calibrate.py", *(sys.argv[1:] if argv is None else argv)])
+            )
         )
         print(f"written: {args.markdown}")
     return 0
-
-
-def argv_or_sys(argv: list[str] | None) -> list[str]:
-    return list(argv) if argv is not None else sys.argv[1:]
 
 
 def markdown(rows: list[dict[str, object]], outcomes: list[dict[str, object]], command: str) -> str:

@@ -116,8 +116,9 @@ class TeamEnvConfig:
                         f"workers[{i}] ({w.name}).instructions: {ins!r} is not declared under instructions "
                         f"(declared: {sorted(self.instructions)})"
                     )
-            if w.price_per_call < 0 or w.price_per_token < 0:
-                raise ValueError(f"workers[{i}] ({w.name}).price: prices must be >= 0")
+            for key, v in (("per_call", w.price_per_call), ("per_token", w.price_per_token)):
+                if v < 0:
+                    raise ValueError(f"workers[{i}] ({w.name}).price.{key}: must be >= 0, got {v}")
             if w.examples and w.kind != "llm":
                 raise ValueError(f"workers[{i}] ({w.name}).examples: only an llm worker reads demonstrations")
             if isinstance(w.sees, tuple):

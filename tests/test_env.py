@@ -243,7 +243,7 @@ def test_a_priced_worker_charges_its_price_per_call_and_per_token() -> None:
     assert env.step_reward_vector["price"] == 0.0  # an unpriced worker costs nothing
     env.step(cfg.submit_action)
     assert env.rewards[CONDUCTOR] == pytest.approx(1.0)
-    with pytest.raises(ValueError, match=r"workers\[0\] \(solver\)\.price: prices must be >= 0"):
+    with pytest.raises(ValueError, match=r"workers\[0\] \(solver\)\.price\.per_call: must be >= 0"):
         dataclasses.replace(cfg, workers=(dataclasses.replace(solver, price_per_call=-1.0), *cfg.workers[1:]))
 
 

@@ -85,7 +85,7 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
         # prices and demonstrations (priced teams)
         (
             lambda r: r["workers"][0].__setitem__("price", {"per_call": -1}),
-            r"workers\[0\]\.price\.per_call: must be >= 0",
+            r"workers\[0\] \(solver\)\.price\.per_call: must be >= 0",
         ),
         (
             lambda r: r["workers"][0].__setitem__("price", {"per_hour": 1}),
@@ -97,7 +97,7 @@ def _write(tmp_path: Path, mutate) -> Path:  # type: ignore[no-untyped-def]
         ),
         (
             lambda r: r["workers"][1].__setitem__("examples", [{"task": "q", "reply": "a"}]),
-            r"workers\[1\]\.examples: only an llm worker reads demonstrations",
+            r"workers\[1\] \(calculator\)\.examples: only an llm worker reads demonstrations",
         ),
     ],
 )
@@ -161,3 +161,16 @@ def test_price_and_demonstrations_reach_the_worker_spec(tmp_path: Path) -> None:
     solver = load_team(_write(tmp_path, mutate)).env.workers[0]
     assert (solver.price_per_call, solver.price_per_token) == (0.1, 0.001)
     assert solver.examples == (("What is 2 + 2?", "print(2 + 2)"),) and solver.price(10) == pytest.approx(0.11)
+
+
+def test_the_http_example_is_the_priced_team_plus_its_analyst() -> None:
+    """docs/examples/arithmetic_priced_http.yaml copies the built-in priced team (YAML has no include): a guard
+    against the copy drifting from the team whose calibration docs/results/priced-team.md reports."""
+    base = load_team("arithmetic_priced")
+    http = load_team(str(Path(__file__).parent.parent / "docs/examples/arithmetic_priced_http.yaml"))
+    assert set(http.env.worker_names) - set(base.env.worker_names) == {"analyst"}
+    shared = {w.name: w for w in http.env.workers if w.name != "analyst"}
+    assert shared == {w.name: w for w in base.env.workers}
+    assert {k: http.workers[k] for k in shared} == base.workers
+    assert http.env.instructions == base.env.instructions and http.env.reward_weights == base.env.reward_weights
+    assert {k: v for k, v in http.conductors.items() if k != "analyst"} == base.conductors

@@ -34,7 +34,7 @@ from typing import Any
 
 from envs.tasks.base import Split, Task, ToolFn, ToolResult, Verdict, split_of
 from envs.tasks.code_specs import N_TESTS, SPEC_BY_ID, SPECS, Args, Spec, function_name, reference_source
-from envs.tasks.common import Draw, content_id, latest_candidate, sample_distinct, stable_rng, tool_result
+from envs.tasks.common import Draw, code_blocks, content_id, latest_candidate, sample_distinct, stable_rng, tool_result
 from envs.tasks.sandbox import run_python
 from envs.tasks.verdicts import (
     MAX_DEPTH,
@@ -62,7 +62,7 @@ def _short(text: str, n: int = 80) -> str:
 
 def extract_code(text: str, name: str) -> str:
     """The candidate's code (rules in the module docstring)."""
-    blocks = re.findall(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", text, re.DOTALL | re.IGNORECASE)
+    blocks = code_blocks(text)
     if blocks:
         defining = [b for b in blocks if re.search(rf"\bdef\s+{re.escape(name)}\s*\(", b)]
         return str((defining or blocks)[-1])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -84,6 +85,15 @@ def sample_distinct(
 def is_tool_message(msg: Mapping[str, Any]) -> bool:
     """Tool messages carry a verdict (``orchestra.runtime.workers`` puts it on every tool turn)."""
     return msg.get("verdict") is not None or msg.get("role") == "tool" or msg.get("worker") in TOOL_NAMES
+
+
+# a fenced code block (```python, ```py, or bare ```), the closing fence optional at the end of the text
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The contents of ``text``'s fenced code blocks, in order (the code families' and the python tool's rule)."""
+    return [str(b) for b in _FENCE.findall(text)]
 
 
 def latest_candidate(

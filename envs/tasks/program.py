@@ -12,25 +12,23 @@ nothing to run.
 from __future__ import annotations
 
 import ast
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from envs.tasks.base import Task, ToolResult
-from envs.tasks.common import latest_candidate, tool_result
+from envs.tasks.common import code_blocks, latest_candidate, tool_result
 from envs.tasks.extract import extract_number
 from envs.tasks.sandbox import run_python
 
 # limits of one run: an arithmetic program needs milliseconds; anything longer is a loop gone wrong
 PROGRAM_LIMITS: Mapping[str, Any] = {"cpu_seconds": 1, "wall_seconds": 3, "memory_mb": 128}
 MAX_PROGRAM_CHARS = 2000
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
 def program_of(text: str) -> str | None:
     """The program in a message: its last fenced code block, else the whole text when it parses as Python and calls
     ``print``; None when it holds none (prose is not a program)."""
-    blocks = [b for b in _FENCE.findall(text) if b.strip()]
+    blocks = [b for b in code_blocks(text) if b.strip()]
     code = blocks[-1] if blocks else text.strip()
     if not code or len(code) > MAX_PROGRAM_CHARS:
         return None

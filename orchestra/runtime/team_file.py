@@ -139,13 +139,10 @@ def _examples(w: _Fields) -> tuple[tuple[str, str], ...]:
 
 
 def _price(w: _Fields) -> tuple[float, float]:
-    """``price: {per_call, per_token}`` (both default 0, both >= 0)."""
+    """``price: {per_call, per_token}`` (both default 0; TeamEnvConfig checks them)."""
     p = w.sub("price", {})
     per_call, per_token = p.get("per_call", float, 0.0), p.get("per_token", float, 0.0)
     p.check_unknown()
-    for key, v in (("per_call", per_call), ("per_token", per_token)):
-        if v < 0:
-            raise p.err(key, f"must be >= 0, got {v}")
     return per_call, per_token
 
 
@@ -267,8 +264,6 @@ def load_team(team: str | Path, *, overrides: Mapping[str, Any] | None = None) -
         n_ctx = backends.get(backend or "", {}).get("n_ctx", MAX_CONTEXT_TOKENS)
         gen = _generation(w.sub("generation", {}), int(n_ctx) if isinstance(n_ctx, int) else MAX_CONTEXT_TOKENS)
         examples = _examples(w)
-        if examples and kind != "llm":
-            raise w.err("examples", "only an llm worker reads demonstrations")
         per_call, per_token = _price(w)
         specs.append(
             WorkerSpec(
