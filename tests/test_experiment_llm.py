@@ -492,11 +492,11 @@ def test_greedy_frozen_team_is_played_once_and_serves_every_seed(
     said: list[str] = []
     run_llm_experiment(cfg, tmp_path, say=said.append)
     assert len(played) == 1 + 3 * 2 + 3 * 2  # the frozen team once, teamtr and naive at stages 1 and 2 per seed
-    # scheme-major: the frozen team, then every seed of teamtr, then naive (a run stopped part-way holds complete
-    # paired comparisons of the schemes it reached)
+    # seed-major: the frozen team, then seed 0 of teamtr and naive, then seed 1, ... (an experiment stopped part-way
+    # holds seed-paired comparisons of every scheme over the seeds it reached)
     order = [line.split(":")[0].removeprefix("llm ") for line in said if "held-out success" in line]
     assert order == [f"frozen seed {s} stage 0" for s in range(3)] + [
-        f"{scheme} seed {s} stage {k}" for scheme in ("teamtr", "naive") for s in range(3) for k in (1, 2)
+        f"{scheme} seed {s} stage {k}" for s in range(3) for scheme in ("teamtr", "naive") for k in (1, 2)
     ]
     rows = read_rows(tmp_path / "evals.csv", EVAL_COLUMNS)
     frozen = {

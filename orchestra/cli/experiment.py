@@ -121,8 +121,9 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("experiment.extend_for_episodes", "--no-equal-episodes", help=_NO_EQUAL_EPISODES),
             Opt(
                 "experiment.equal_updates_control",
-                "--no-equal-updates-control",
-                help="teamtr stops at --stages (no reading at equal updates with the one-batch schemes' last stage)",
+                "--equal-updates-control",
+                help="teamtr and stale_indep run n × --stages too, and every scheme is read there at equal updates (a "
+                "second, later equal-updates reading; doubles their runs' cost)",
             ),
             Opt("experiment.trainer.num_stages", "--stages", help="stages of the equal-stages accounting"),
             Opt("experiment.trainer.batch_size", "--batch-size"),

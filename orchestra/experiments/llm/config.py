@@ -90,9 +90,12 @@ class LLMExperimentConfig:
     eval_every: int = 0  # stages between extra held-out evaluations (learning curves); 0 = the accountings' only
     extend_for_episodes: bool = True  # one-batch schemes run n × the stages (the equal-episodes accounting)
     # the schemes sampling n batches per stage (teamtr) run n × the stages too, and every scheme is also read there
-    # with equal updates (teamtr having sampled n× the episodes): the control telling whether the equal-episodes
-    # reading measures the scheme or only the one-batch schemes' n× more updates; needs extend_for_episodes
-    equal_updates_control: bool = True
+    # with equal updates (teamtr having sampled n× the episodes): a second equal-updates reading, later in training,
+    # beside the equal-stages one (which already compares every scheme at equal updates, teamtr having sampled n× the
+    # episodes); needs extend_for_episodes. Off by default: with the multi-step updates of LLM_EXPERIMENT_TRAINER an
+    # update costs ~5-15 minutes on one core (2-4 forward-backward passes over 16 episodes' prompts, plus one forward
+    # per backtracking step), so running teamtr and stale_indep to n × num_stages would double 16 of the 24 runs
+    equal_updates_control: bool = False
     # per-scheme learning rates overriding trainer.lr, as SCHEME=LR (e.g. the choice of ``orchestra experiment
     # llm-tune``, whose selection.json lists them); a scheme not named trains with trainer.lr
     lr_by_scheme: tuple[str, ...] = TUNED_LRS
@@ -168,6 +171,7 @@ class LLMExperimentConfig:
             seeds=1,
             eval_tasks=6,
             eval_every=1,
+            equal_updates_control=True,  # off in the full experiment (its cost), exercised here
             lr_by_scheme=(),
         )
         return replace(base, **overrides)

@@ -191,9 +191,10 @@ def run_llm_experiment(
         mean = sum(r["success"] for r in played) / len(played)
         talk(f"llm {scheme} seed {seed} stage {stage}: held-out success {mean:.1%} ({len(played)} tasks)")
 
-    # Scheme-major: the frozen team first, then every seed of the first scheme (teamtr by default), and so on, so a
-    # run stopped part-way already holds complete paired comparisons of the schemes it reached. A team is built per
-    # (scheme, seed) from that seed's config, so its initial adapters are the same whichever scheme it serves.
+    # Seed-major: the frozen team first, then seed 0 of every scheme, seed 1 of every scheme, and so on, so an
+    # experiment that spans several sessions holds, at every stop, complete seed-paired comparisons of every scheme
+    # over the seeds it reached. A team is built per (scheme, seed) from that seed's config, so its initial adapters
+    # are the same whichever scheme it serves (and the order of the runs changes no result).
     frozen_rows = sorted({r["seed"] for r in rows if r["scheme"] == FROZEN})
     for seed in range(cfg.seeds if play else 0):
         if (FROZEN, seed, 0) in done:
@@ -207,8 +208,8 @@ def run_llm_experiment(
             played = evaluate(LLMTeam(cfg.team_config(seed), log=talk), tasks, cfg)
             frozen_rows = frozen_rows or [seed]
         record(FROZEN, seed, 0, played, None)
-    for scheme in cfg.schemes if play else ():
-        for seed in range(cfg.seeds):
+    for seed in range(cfg.seeds if play else 0):
+        for scheme in cfg.schemes:
             stages = [k for k in cfg.eval_stages(scheme)[1:] if (scheme, seed, k) not in done]
             if not stages:
                 continue
