@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -153,7 +154,8 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     res = run_phase1(cfg, out)
     for key in ("summary", "ledger", "headroom", "fqe", "cost_quality"):
         assert res.paths[key].exists(), key
-    val = read_many(sorted((out / "validation" / "arithmetic").glob("*.jsonl"))).episodes
+    val_files = sorted((out / "validation" / "arithmetic").glob("*.jsonl"))
+    val = read_many([f for f in val_files if f.name != "menu-replicate.jsonl"]).episodes
     test = read_many(sorted((out / "test" / "arithmetic").glob("*.jsonl"))).episodes
     assert not {e.task.id for e in val} & {e.task.id for e in test}
     assert {e.task.split for e in val} == {"validation"} and {e.task.split for e in test} == {"test"}
@@ -170,17 +172,41 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
         # in-sample oracle's surplus over it is luck, never negative
         assert h.capturable == pytest.approx(h.replicate_oracle_success - h.best_fixed_success)
         assert h.luck == pytest.approx(h.oracle_success - h.replicate_oracle_success) and h.luck >= 0
+    # the headroom sized on validation before training: the menu again on the validation tasks with other draws
+    val_rep = read_many([out / "validation" / "arithmetic" / "menu-replicate.jsonl"]).episodes
+    val_menu = [e for e in val if e.conductor.name in menu]
+    assert {e.task.id for e in val_rep} == {e.task.id for e in val_menu}
+    assert not {e.seed for e in val_rep} & {e.seed for e in val_menu}
+    with (out / "validation" / "headroom.csv").open() as f:
+        (vh,) = list(csv.DictReader(f))
+    assert vh["split"] == "validation" and vh["best_fixed"] == best and int(vh["tasks"]) == 6
+    assert float(vh["capturable"]) == pytest.approx(
+        float(vh["replicate_oracle_success"]) - float(vh["best_fixed_success"])
+    )
+    assert float(vh["luck"]) >= 0 and float(vh["oracle_success"]) >= float(vh["best_fixed_success"])
     assert len(res.fqe) == 3 * 2  # bc, cql-a0.1, cql-a0.5 × (mid-training, final)
     ledger = res.paths["ledger"].read_text().splitlines()
     assert len(ledger) == 2 + 2 * 2  # the menu, its replicate run, then each released learner × seed
     replicate = [json.loads(line) for line in ledger if json.loads(line)["conductor"] == "menu-replicate"]
     assert [e["sampling_seed"] for e in replicate] == [cfg.run.seed + cfg.replicate_offset]
     rep_eps = read_many([out / "test" / "arithmetic" / "menu-replicate.jsonl"]).episodes
-    main_eps = read_many([out / "test" / "arithmetic" / "menu.jsonl"]).episodes
+    test_files = sorted((out / "test" / "arithmetic").glob("*.jsonl"))
+    main_eps = read_many([f for f in test_files if f.name != "menu-replicate.jsonl"]).episodes
     assert {e.task.id for e in rep_eps} == {e.task.id for e in main_eps if e.conductor.name != "random"}
     assert not {e.seed for e in rep_eps} & {e.seed for e in main_eps}  # the same tasks, other draws
     summary = res.paths["summary"].read_text()
     assert "## What these numbers do not show" in summary and "oracle" in summary
+    assert "## Headroom sized on validation, before any learner was trained" in summary
+    # success per difficulty level: one row per rule (tool_only aside) and learner evaluation, counts per level
+    levels = summary.split("## Success per difficulty level (test)")[1].split("## Headroom")[0]
+    level_rows = [ln for ln in levels.splitlines() if ln.startswith("| arithmetic |")]
+    assert len(level_rows) == len(menu) - 1 + 2 * 2 and "| arithmetic | tool_only |" not in levels
+    for ln in level_rows:
+        name = ln.split("|")[2].strip()
+        eps = [e for e in main_eps if e.conductor.name == name]
+        counts = [c.split("(")[1].rstrip(") ") for c in ln.split("|")[3:-1] if "(" in c]
+        assert sum(int(c.split("/")[0]) for c in counts) == sum(e.success for e in eps)
+        assert sum(int(c.split("/")[1]) for c in counts) == len(eps)
     # the cost–quality verdict: every learner evaluation paired with the hull's rules at its place, one line each
     assert "## The cost–quality verdict" in summary
     assert {p.conductor for p in res.hull} == {f"{a}-s{s}" for a in ("bc", "cql") for s in (0, 1)}

@@ -40,11 +40,11 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
-from orchestra.jobs.phase1_report import best_of, report_tables, summary_md
+from orchestra.jobs.phase1_report import best_of, menu_headroom, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
 from orchestra.report.evaluation import PairedRow, ResultRow, summarize
-from orchestra.report.protocol import FQERow, HeadroomRow
+from orchestra.report.protocol import FQERow, HeadroomRow, MenuHeadroomRow
 from orchestra.runtime.conductors import team_rules
 from orchestra.runtime.session import RunOptions, Session
 from policies.learning.dataset import ConductorDataset, FeatureSet, build_dataset
@@ -193,6 +193,7 @@ class _Validation:
 
     episodes: dict[str, list[Episode]]
     best_fixed: dict[str, str]  # team -> rule
+    headroom: list[MenuHeadroomRow] = field(default_factory=list)  # per team, sized before any learner is trained
     policies: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)  # team -> (label@epoch, folder)
     released: dict[str, dict[str, str]] = field(default_factory=dict)  # team -> algo -> config label
 
@@ -243,7 +244,16 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         + (f" Produced by `{command}`." if command else "")
     )
     summary = summary_md(
-        scale, tables, test.episodes, read_ledger(test.ledger), fqe_rows, selection, rules, cfg.seeds, cfg.run.seed
+        scale,
+        tables,
+        test.episodes,
+        read_ledger(test.ledger),
+        fqe_rows,
+        selection,
+        rules,
+        cfg.seeds,
+        cfg.run.seed,
+        validation_headroom=val.headroom,
     )
     elapsed = time.perf_counter() - t0
     summary.append(f"Run time: {elapsed:.0f} s on this machine.")
@@ -290,16 +300,32 @@ def record_training_data(run: _Run) -> dict[str, list[Path]]:
 
 
 def validate_menu(run: _Run) -> _Validation:
-    """Stage 2: every rule of the menu on the validation tasks; the best there is the family's best fixed schedule."""
+    """Stage 2: every rule of the menu on the validation tasks; the best there is the family's best fixed schedule.
+    With a replicate run (``replicate_offset``) the menu plays the validation tasks once more with other sampling
+    seeds, and the headroom a router could capture is sized there, before any learner is trained
+    (``validation/headroom.csv``)."""
     cfg, out = run.cfg, run.out
     val = _Validation({}, {})
-    for name in run.sessions:
-        eps = run.play(
-            name, run.menus[name], "validation", cfg.validation_episodes, out / "validation" / name / "menu.jsonl"
-        )
+    for name, session in run.sessions.items():
+        folder, n = out / "validation" / name, cfg.validation_episodes
+        eps = run.play(name, run.menus[name], "validation", n, folder / "menu.jsonl")
         val.episodes[name] = eps
         val.best_fixed[name] = best_of(summarize(eps), run.menus[name]).conductor
         print(f"  {name}: best fixed schedule on validation: {val.best_fixed[name]}")
+        if cfg.replicate_offset:
+            draws = cfg.run.seed + cfg.replicate_offset
+            rep = play(
+                cfg, run.specs[name], run.menus[name], "validation", n, folder / "menu-replicate.jsonl", session, draws
+            )
+            h = menu_headroom(name, "validation", run.menus[name], eps, rep)
+            val.headroom.append(h)
+            print(
+                f"  {name}: on validation the replicate oracle solves {h.replicate_oracle_success:.1%} "
+                f"(in-sample {h.oracle_success:.1%}), capturable {100 * h.capturable:+.1f} points over "
+                f"{h.best_fixed} ({h.best_fixed_success:.1%}), luck {100 * h.luck:+.1f}"
+            )
+    if val.headroom:
+        write_table(out / "validation" / "headroom.csv", val.headroom, MenuHeadroomRow.__dataclass_fields__)
     return val
 
 

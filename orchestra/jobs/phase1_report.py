@@ -33,9 +33,12 @@ from orchestra.report.plots import plot_cost_quality
 from orchestra.report.protocol import (
     FQERow,
     HeadroomRow,
+    MenuHeadroomRow,
     captured_text,
     fqe_table_md,
     headroom_table_md,
+    level_table_md,
+    menu_headroom_md,
     not_shown,
     subset_table_md,
 )
@@ -56,6 +59,7 @@ class Tables:
     findings: list[Finding]  # the summary's findings (:func:`phase1_findings`), also in ``report/findings.json``
     # each learner against the menu's hull at its place (evaluation.hull_comparison), Holm within each team
     hull: list[PairedRow] = field(default_factory=list)
+    level_lines: list[str] = field(default_factory=list)  # per team, success per difficulty level (markdown)
 
 
 def report_tables(
@@ -83,6 +87,7 @@ def report_tables(
     head_rows: list[HeadroomRow] = []
     panels: dict[str, list[tuple[str, float, float, str]]] = {}
     subset_lines: list[str] = []
+    level_lines: list[str] = []
     power_lines: list[str] = []
     xlabels: dict[str, str] = {}
     hull: list[PairedRow] = []
@@ -90,29 +95,15 @@ def report_tables(
         eps = [e for e in test_eps if e.team.name == name]
         by = _by_task(eps)
         menu = [m for m in menus[name] if m in by]
-        tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
-        # the cost of an episode: a priced team's price (the team file's worker prices), else its tokens
-        priced = any(e.price > 0 for e in eps)
-
-        def cost(e: Episode, priced: bool = priced) -> float:
-            return e.price if priced else float(e.total_tokens)
+        priced = _priced(eps)
 
         def row_cost(r: ResultRow, priced: bool = priced) -> float:
             return r.mean_price if priced else r.mean_tokens
 
-        outcomes = {m: {t: (by[m][t].success, cost(by[m][t])) for t in tasks} for m in menu}
         hull += hull_comparison(eps, rows, {name: menu}, row_cost)
-        oracle = stats.oracle_router(outcomes)
-        o_succ = float(np.mean([c.success for c in oracle.values()])) if oracle else float("nan")
-        o_cost = float(np.mean([c.cost for c in oracle.values()])) if oracle else float("nan")
-        # the replicate plays the same tasks with other episode seeds: match the two runs by task id
-        rep_by = _by_task([e for e in replicate if e.team.name == name])
-        rep_outcomes = {
-            m: {tid: (e.success, cost(e)) for (tid, _), e in rep_by[m].items()} for m in menu if m in rep_by
-        }
-        main_by_id = {m: {tid: v for (tid, _), v in outcomes[m].items()} for m in menu}
-        r_oracle = stats.replicate_oracle(rep_outcomes, main_by_id)
-        r_succ = float(np.mean([c.success for c in r_oracle.values()])) if r_oracle else float("nan")
+        tasks, oracle, r_oracle = _menu_oracles(menu, by, _by_task([e for e in replicate if e.team.name == name]))
+        o_succ, o_cost = _mean_choice(oracle)
+        r_succ = _mean_choice(r_oracle)[0]
         # a learner is measured against what a router could capture: the replicate oracle where there is one
         target = r_succ if r_oracle else o_succ
         team_rows = {r.conductor: r for r in rows if r.team == name}
@@ -122,8 +113,7 @@ def report_tables(
         panels[fam_of[name]] = [(m, row_cost(team_rows[m]), team_rows[m].success_rate, "rule") for m in menu]
         panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
         if r_oracle:
-            r_cost = float(np.mean([c.cost for c in r_oracle.values()]))
-            panels[fam_of[name]].append(("replicate oracle", r_cost, r_succ, "replicate"))
+            panels[fam_of[name]].append(("replicate oracle", _mean_choice(r_oracle)[1], r_succ, "replicate"))
         if "random" in team_rows:
             panels[fam_of[name]].append(
                 ("random", row_cost(team_rows["random"]), team_rows["random"].success_rate, "other")
@@ -177,10 +167,12 @@ def report_tables(
         )
         names = [*menu, *(lab for labs in learners[name].values() for lab in labs)]
         subset_lines.append(subset_table_md(name, names, by, hard))
+        levels = {t: by[menu[0]][t].task.difficulty for t in tasks}
+        level_lines.append(level_table_md(name, [m for m in names if m != "tool_only"], by, levels))
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1", xlabel=xlabels)
     paths["cost_quality"] = report_dir / "cost_quality.png"
     write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
-    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [], hull)
+    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [], hull, level_lines)
     tables.findings = phase1_findings(tables)
     write_findings(report_dir / "findings.json", tables.findings)
     paths["findings"] = report_dir / "findings.json"
@@ -263,9 +255,10 @@ def summary_md(
     rules: dict[str, str],
     seeds: list[int],
     run_seed: int,
+    validation_headroom: Sequence[MenuHeadroomRow] = (),
 ) -> list[str]:
     """The lines of ``summary.md`` (the run time is appended by the caller); ``scale``, its sentence on the tasks,
-    seeds and command of the run."""
+    seeds and command of the run; ``validation_headroom``, the headroom sized on validation before training."""
     caveats = not_shown(tables.headroom, tables.paired, seeds, run_seed)
     n_forced = sum(1 for e in ledger if e.get("forced"))
     summary = [
@@ -285,6 +278,27 @@ def summary_md(
         f"(`test_ledger.jsonl`: {len(ledger)} entries, {n_forced} forced).",
         "",
         *forced_md(ledger),
+        *(
+            [
+                "## Headroom sized on validation, before any learner was trained",
+                "",
+                "The menu on the validation tasks, and again with other sampling seeds (the replicate run); the oracle "
+                "picks per task on the replicate and is scored on the first run. Capturable = replicate oracle − best "
+                "fixed schedule: what a router could gain on these tasks; luck = in-sample − replicate oracle. Cost is "
+                "a priced team's price, else tokens, per task.",
+                "",
+                menu_headroom_md(validation_headroom),
+                "",
+            ]
+            if validation_headroom
+            else []
+        ),
+        "## Success per difficulty level (test)",
+        "",
+        "A single-worker rule's row is that worker's single-shot success per level; the levels are the task "
+        "generator's, never shown to a conductor (it sees the prompt).",
+        "",
+        *[ln for block in tables.level_lines for ln in (block, "")],
         "## Headroom: the oracle router over the menu, and what each learner captures",
         "",
         "Oracle: per test task, the best schedule of the menu in hindsight (a success if any schedule succeeds; "
@@ -398,6 +412,55 @@ def best_of(rows: Sequence[ResultRow], names: Sequence[str]) -> ResultRow:
     return max(cand, key=lambda r: (r.success_rate, r.mean_return, [-ord(c) for c in r.conductor]))
 
 
+def _priced(eps: Sequence[Episode]) -> bool:
+    """Whether the cost of these episodes is their price (a priced team's worker prices), else their tokens."""
+    return any(e.price > 0 for e in eps)
+
+
+def _cost(e: Episode, priced: bool) -> float:
+    return e.price if priced else float(e.total_tokens)
+
+
+def _mean_choice(choice: Mapping[object, stats.OracleChoice]) -> tuple[float, float]:
+    """(success, cost) of an oracle's picks, averaged over its tasks (nan, nan without tasks)."""
+    if not choice:
+        return math.nan, math.nan
+    return float(np.mean([c.success for c in choice.values()])), float(np.mean([c.cost for c in choice.values()]))
+
+
+def _menu_oracles(
+    menu: Sequence[str],
+    by: Mapping[str, Mapping[tuple[str, int], Episode]],
+    rep_by: Mapping[str, Mapping[tuple[str, int], Episode]],
+) -> tuple[list[tuple[str, int]], dict[object, stats.OracleChoice], dict[object, stats.OracleChoice]]:
+    """The tasks every rule of ``menu`` played, the in-sample oracle router on them, and the replicate oracle (picked
+    on ``rep_by``, the same tasks with other sampling seeds, matched by task id; empty without a replicate run)."""
+    priced = _priced([e for m in menu for e in by[m].values()])
+    tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
+    outcomes = {m: {t: (by[m][t].success, _cost(by[m][t], priced)) for t in tasks} for m in menu}
+    rep = {m: {tid: (e.success, _cost(e, priced)) for (tid, _), e in rep_by[m].items()} for m in menu if m in rep_by}
+    main_by_id = {m: {tid: v for (tid, _), v in outcomes[m].items()} for m in menu}
+    return tasks, dict(stats.oracle_router(outcomes)), dict(stats.replicate_oracle(rep, main_by_id))
+
+
+def menu_headroom(
+    team: str, split: str, menu: Sequence[str], eps: Sequence[Episode], replicate: Sequence[Episode]
+) -> MenuHeadroomRow:
+    """The headroom over ``menu`` on one split from its episodes and a replicate run of them (other sampling seeds):
+    what :func:`orchestra.jobs.phase1.validate_menu` sizes on validation before any learner is trained."""
+    by = _by_task(eps)
+    menu = [m for m in menu if m in by]
+    tasks, oracle, r_oracle = _menu_oracles(menu, by, _by_task(replicate))
+    bf = best_of(summarize(list(eps)), menu)
+    (o_succ, _), (r_succ, r_cost) = _mean_choice(oracle), _mean_choice(r_oracle)
+    priced = _priced(eps)
+    bf_cost = float(np.mean([_cost(by[bf.conductor][t], priced) for t in tasks]))
+    return MenuHeadroomRow(
+        team, split, len(tasks), bf.conductor, bf.success_rate, o_succ, r_succ, r_succ - bf.success_rate,
+        o_succ - r_succ, bf_cost, r_cost,
+    )  # fmt: skip
+
+
 def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]]:
     out: dict[str, dict[tuple[str, int], Episode]] = {}
     for e in eps:
@@ -405,4 +468,13 @@ def _by_task(eps: Sequence[Episode]) -> dict[str, dict[tuple[str, int], Episode]
     return out
 
 
-__all__ = ["Tables", "best_of", "forced_md", "hull_md", "phase1_findings", "report_tables", "summary_md"]
+__all__ = [
+    "Tables",
+    "best_of",
+    "forced_md",
+    "hull_md",
+    "menu_headroom",
+    "phase1_findings",
+    "report_tables",
+    "summary_md",
+]

@@ -51,6 +51,57 @@ class HeadroomRow:
     luck: float = float("nan")  # in-sample oracle − replicate oracle: best-of-N luck, capturable by no router
 
 
+@dataclass
+class MenuHeadroomRow:
+    """Per family, the headroom over the menu on one split, before any learner is involved: the best fixed schedule,
+    the oracle in-sample and picked on a replicate run (other sampling seeds), capturable = replicate oracle − best
+    fixed, luck = in-sample − replicate oracle. Sized on validation, before any learner is trained."""
+
+    team: str
+    split: str
+    tasks: int
+    best_fixed: str
+    best_fixed_success: float
+    oracle_success: float  # in-sample: picks on the episodes it is scored on
+    replicate_oracle_success: float  # picks on the replicate run, scored on this one (nan without one)
+    capturable: float
+    luck: float
+    best_fixed_cost: float  # mean cost per task: tokens, or a priced team's price
+    replicate_oracle_cost: float
+
+
+def menu_headroom_md(rows: Sequence[MenuHeadroomRow]) -> str:
+    lines = [
+        "| team | split | tasks | best fixed | its success | oracle (in-sample) | oracle (replicate) | capturable (pts) "
+        "| luck (pts) | cost: best fixed → replicate oracle |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.team} | {r.split} | {r.tasks} | {r.best_fixed} | {_pct(r.best_fixed_success)} | "
+            f"{_pct(r.oracle_success)} | {_pct(r.replicate_oracle_success)} | {_pts(r.capturable)} | {_pts(r.luck)} | "
+            f"{r.best_fixed_cost:.3g} → {r.replicate_oracle_cost:.3g} |"
+        )
+    return "\n".join(lines)
+
+
+def level_table_md(team: str, names: Sequence[str], by: dict[str, dict[Any, Any]], levels: dict[Any, int]) -> str:
+    """Success per difficulty level of each named conductor over ``levels`` (task key -> level): a single-worker
+    rule's row is that worker's single-shot success per level. ``by[conductor][task key]`` is an Episode."""
+    ks = sorted(set(levels.values()))
+    lines = [
+        f"| team | conductor | {' | '.join(f'level {k}' for k in ks)} |",
+        "|---|---|" + "---:|" * len(ks),
+    ]
+    for c in names:
+        cells = []
+        for k in ks:
+            got = [by[c][t].success for t, lv in levels.items() if lv == k and t in by.get(c, {})]
+            cells.append(f"{100 * float(np.mean(got)):.1f}% ({sum(got)}/{len(got)})" if got else "—")
+        lines.append(f"| {team} | {c} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def fqe_table_md(rows: Sequence[FQERow], selection: dict[str, stats.FQESelection]) -> str:
     lines = [
         "| team | policies | Spearman ρ (FQE vs measured) | p | FQE's pick | regret of that pick |",
