@@ -94,9 +94,10 @@ class Phase1Config:
     # retrained model, a changed team file, another number of tasks), for the reason given here: it is recorded in
     # the ledger and listed in the report. Without it such an evaluation is refused
     force_test: str | None = None
-    # the replicate run: the menu on the same test tasks once more, its sampling seeds derived from run.seed + this
-    # offset (its own ledger entry). The oracle router picks per task on it and is scored on the main run, so the
-    # headroom it reports is what a router could capture, not best-of-N luck (0 = no replicate run)
+    # the replicate run: the menu on the same validation and test tasks once more, its sampling seeds derived from
+    # run.seed + this offset (on test its own ledger entry). The oracle router picks per task on it and is scored on
+    # the main run, so the headroom it reports is what a router could capture, not best-of-N luck; on validation it
+    # is sized before any learner is trained (0 = no replicate run)
     replicate_offset: int = 10_000
     run: RunOptions = RunOptions()  # seed (tasks, exploration), envs, cache, progress
 
