@@ -56,6 +56,11 @@ def test_learner_configurations_cover_every_alpha_and_keep_checkpoints() -> None
     assert all(c.keep_epochs and c.seed == cfg.seeds[0] for c in labels.values())
     assert len(cfg.seeds) >= 3 and cfg.eval_episodes >= 150
     assert 2 * len(labels) >= 10  # mid-training and final checkpoints: at least 10 policies for the FQE check
+    assert all(c.features == "structural" for c in labels.values())
+    # the feature set is tuned like α: every configuration with each set, the sentence embeddings' labelled +emb
+    both = dataclasses.replace(cfg, algos=["bc", "cql"], cql_alphas=[0.1], features=["structural", "all"])
+    feats = {label: c.features for label, c in both.learner_configs().items()}
+    assert feats == {"bc": "structural", "bc+emb": "all", "cql-a0.1": "structural", "cql-a0.1+emb": "all"}
 
 
 def test_caveats_name_small_headroom_and_a_validation_choice_that_differs_on_test() -> None:
@@ -149,6 +154,7 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     cfg = _scripted(
         monkeypatch, teams=["arithmetic"], train_episodes=6, validation_episodes=6, eval_episodes=8,
         algos=["bc", "cql"], cql_alphas=[0.1, 0.5], seeds=[0, 1], n_steps=60, fqe_steps=30,
+        features=["structural", "all"],
     )  # fmt: skip
     out = tmp_path / "run"
     res = run_phase1(cfg, out)
@@ -184,7 +190,8 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
         float(vh["replicate_oracle_success"]) - float(vh["best_fixed_success"])
     )
     assert float(vh["luck"]) >= 0 and float(vh["oracle_success"]) >= float(vh["best_fixed_success"])
-    assert len(res.fqe) == 3 * 2  # bc, cql-a0.1, cql-a0.5 × (mid-training, final)
+    # bc, cql-a0.1, cql-a0.5, each with and without the sentence embeddings × (mid-training, final)
+    assert len(res.fqe) == 6 * 2 and {f.policy.split("@")[0] for f in res.fqe} >= {"bc+emb", "cql-a0.5+emb"}
     ledger = res.paths["ledger"].read_text().splitlines()
     assert len(ledger) == 2 + 2 * 2  # the menu, its replicate run, then each released learner × seed
     replicate = [json.loads(line) for line in ledger if json.loads(line)["conductor"] == "menu-replicate"]

@@ -161,6 +161,7 @@ def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("phase1.algos", "--algos"),
             Opt("phase1.cql_alphas", "--cql-alphas"),
             Opt("phase1.n_critics", "--critics"),
+            Opt("phase1.features", "--features"),
             Opt("phase1.replicate_offset", "--replicate-offset"),
             "report",
             Opt("phase1.force_test", "--force-test", metavar="REASON"),

@@ -86,7 +86,10 @@ class Phase1Config:
     # Q ensemble of the value-based learners: targets take the minimum over 2 critics, a pessimism that
     # keeps actions seen only a few times in the logs (exploration) from looking better than they are
     n_critics: int = 2
-    features: FeatureSet = "structural"  # observation columns the learned conductors see: structural | all
+    # observation column sets the learned conductors are tuned over, like CQL's α: every algorithm's configuration is
+    # trained with each and validation picks (``structural``: no sentence embeddings; ``all``: with the embeddings of
+    # the task and the latest message, its labels end in ``+emb``). FQE's Q-network sees the first
+    features: list[FeatureSet] = field(default_factory=lambda: ["structural"])
     n_steps_per_epoch: int = 500  # steps per metrics row / checkpoint
     fqe_steps: int = 1500  # FQE gradient steps per policy
     distill_depth: int = 4  # depth of the distilled decision tree
@@ -129,17 +132,18 @@ class Phase1Config:
         out: dict[str, OfflineConfig] = {}
         for algo in self.algos:
             for alpha in self.cql_alphas if algo == "cql" else [None]:
-                label = algo if alpha is None else f"cql-a{alpha:g}"
-                out[label] = OfflineConfig(
-                    algo=algo,
-                    n_steps=self.n_steps,
-                    n_steps_per_epoch=self.n_steps_per_epoch,
-                    cql_alpha=alpha if alpha is not None else 1.0,
-                    n_critics=self.n_critics,
-                    features=self.features,
-                    seed=self.seeds[0],
-                    keep_epochs=True,
-                )
+                for feats in self.features:
+                    label = (algo if alpha is None else f"cql-a{alpha:g}") + ("+emb" if feats == "all" else "")
+                    out[label] = OfflineConfig(
+                        algo=algo,
+                        n_steps=self.n_steps,
+                        n_steps_per_epoch=self.n_steps_per_epoch,
+                        cql_alpha=alpha if alpha is not None else 1.0,
+                        n_critics=self.n_critics,
+                        features=feats,
+                        seed=self.seeds[0],
+                        keep_epochs=True,
+                    )
         return out
 
 
@@ -391,7 +395,7 @@ def fqe_check(run: _Run, val: _Validation, learned: _Learned) -> tuple[list[FQER
         firsts = [e for e in val.episodes[name] if e.conductor.name == val.best_fixed[name]]
         s0, m0 = initial_states(firsts, learned.encoders[name])
         for pol, folder in val.policies[name]:
-            fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features, seed=cfg.run.seed)
+            fcfg = FQEConfig(n_steps=cfg.fqe_steps, features=cfg.features[0], seed=cfg.run.seed)
             estimate = fqe_estimate(
                 out / "fqe" / name / f"{pol}.json",
                 folder,
