@@ -90,6 +90,34 @@ def test_without_capturable_headroom_no_captured_fraction_is_claimed() -> None:
     assert check_findings(page, [found]) == []
 
 
+def test_caveats_name_a_luck_free_oracle_and_success_bought_with_price() -> None:
+    """No luck (a greedy team's replicate repeats the main run) is said in words; learners more successful than the
+    baseline at a price whose interval lies above it are named with their price ratios and return differences."""
+    row = HeadroomRow(
+        "arithmetic_priced", 150, "coder", 0.407, "coder", 0.407, 0.627, 0.22, "cql", 0.50, 0.01, 0.42, 0.06, 3,
+        0.3, 0.627, 0.22, 0.0,
+    )  # fmt: skip
+
+    def paired(conductor: str, diff: float, price: tuple[float, float, float], ret: float) -> PairedRow:
+        return PairedRow(
+            "arithmetic", "arithmetic_priced", conductor, "coder", False, 150, 0.407 + diff, 0.407, diff, diff - 0.07,
+            diff + 0.07, 22, 8, 0.1, 0.3, diff - 0.06, 0.01, 0.01, ret, ret - 0.08, ret + 0.08, 2.0, 1.9, 2.1, 5.0,
+            4.5, 5.5, "non-inferior", *price,
+        )  # fmt: skip
+
+    rows = [
+        paired("cql-s0", 0.080, (2.43, 2.22, 2.66), -0.016),
+        paired("cql-s1", 0.107, (2.82, 2.53, 3.19), -0.015),
+        paired("fbc-s0", 0.053, (0.90, 0.70, 1.10), 0.002),  # its price interval spans 1: not named
+    ]
+    text = "\n".join(not_shown([row], rows, seeds=[0, 1, 2], run_seed=0))
+    assert "no best-of-N luck" in text and "best-of-N luck (it picks" not in text
+    assert "`cql-s0`, `cql-s1` solve more tasks than `coder` (+8.0 to +10.7 points) at 2.43 to 2.82× its price" in text
+    assert "-0.016 to -0.015" in text and "`fbc-s0`" not in text
+    lucky = dataclasses.replace(row, replicate_oracle_success=0.6, capturable=0.193, luck=0.027)
+    assert "no best-of-N luck" not in "\n".join(not_shown([lucky], [], seeds=[0], run_seed=0))
+
+
 def test_caveats_say_when_a_rule_of_the_menu_earns_a_learners_verdict_too() -> None:
     row = HeadroomRow("arithmetic", 150, "critique", 0.14, "heuristic", 0.21, 0.28, 0.14, "bc", 0.19, 0.0, 0.38, 0.0, 3)
 
@@ -266,3 +294,19 @@ def test_a_priced_teams_cost_is_its_price(tmp_path: Path, monkeypatch: pytest.Mo
     # the paired table gains the price ratio, and the legend says what it counts for
     summary = res.paths["summary"].read_text()
     assert "| price ratio [95% CI] |" in summary and "Price: the team file's worker prices" in summary
+
+
+def test_the_reproduction_quotes_the_command_line_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's "Produced by" is the command as typed, every flag included, not a fixed string."""
+    import orchestra.jobs.phase1 as phase1
+    from orchestra.cli import main
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(phase1, "reproduce", lambda cfg, command="": seen.update(cfg=cfg, command=command))
+    argv = ["reproduce", "conductor", "--teams", "arithmetic_priced", "--features", "structural", "all", "--out", "r x"]
+    assert main(argv) == 0
+    assert (
+        seen["command"]
+        == "orchestra reproduce conductor --teams arithmetic_priced --features structural all --out 'r x'"
+    )
+    assert seen["cfg"].phase1.features == ["structural", "all"]  # type: ignore[attr-defined]

@@ -76,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap, table = build_parser(only=_command_of(argv) or "")
     args = ap.parse_args(argv)
+    args.argv = argv  # the command line as given (a report quotes the command that produced it)
     from envs.tasks.base import Task  # noqa: F401  (fail early with a clear message if the install is broken)
     from envs.tasks.user_data import UserDataError
     from envs.team_env import IllegalActionError

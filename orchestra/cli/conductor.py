@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 from orchestra.cli.data import run_options
@@ -253,7 +254,7 @@ def _cmd_reproduce(a: argparse.Namespace) -> int:
     from orchestra.jobs.phase1 import ReproduceConfig, reproduce
 
     cfg = build(ReproduceConfig(), a)
-    reproduce(cfg)
+    reproduce(cfg, command=shlex.join(["orchestra", *a.argv]))
     if cfg.report:
         print(f"report: {cfg.report}")
     return 0

@@ -650,8 +650,11 @@ class ReproduceConfig:
     report: str | None = None  # also copy the summary (markdown) here, e.g. docs/results/conductor.md
 
 
-def reproduce(cfg: ReproduceConfig) -> Phase1Result:
-    res = run_phase1(cfg.phase1, Path(cfg.out), command=f"orchestra reproduce conductor --seed {cfg.phase1.run.seed}")
+def reproduce(cfg: ReproduceConfig, command: str = "") -> Phase1Result:
+    """Phase 1 at full scale; ``command``, the command line that asked for it (quoted in the report; default: the
+    defaults' command with this run seed)."""
+    command = command or f"orchestra reproduce conductor --seed {cfg.phase1.run.seed}"
+    res = run_phase1(cfg.phase1, Path(cfg.out), command=command)
     if cfg.report:
         report = Path(cfg.report)
         report.parent.mkdir(parents=True, exist_ok=True)

@@ -164,6 +164,16 @@ def subset_table_md(team: str, names: Sequence[str], by: dict[str, dict[Any, Any
     return "\n".join(lines)
 
 
+def _cost_lo(p: PairedRow) -> float:
+    """The lower end of a paired row's cost ratio interval: price on a priced team, else tokens."""
+    return p.tokens_ratio_lo if math.isnan(p.price_ratio_lo) else p.price_ratio_lo
+
+
+def _span(xs: Sequence[float], fmt: str) -> str:
+    lo, hi = min(xs), max(xs)
+    return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}} to {hi:{fmt}}"
+
+
 def _baseline(paired: Sequence[PairedRow], team: str) -> str:
     return next(p.baseline for p in paired if p.team == team)
 
@@ -186,6 +196,13 @@ def not_shown(
             out.append(
                 f"- **{team}**: {100 * h.luck:.1f} points of the in-sample oracle are best-of-N luck (it picks on the "
                 "episodes it is scored on); no router can capture them."
+            )
+        if not math.isnan(h.luck) and h.luck == 0:
+            out.append(
+                f"- **{team}**: no best-of-N luck: the oracle picked on the replicate run scores what the in-sample one "
+                "does (workers that decode greedily replay the same episodes under other sampling seeds). The "
+                "headroom is a ceiling of per-task routing over this menu, reachable only by a router that tells the "
+                "tasks apart from what it sees; it is not a ceiling of sampling more."
             )
         if h.best_on_test != h.best_fixed:
             out.append(
@@ -210,6 +227,22 @@ def not_shown(
                     f"rules of the menu too ({', '.join(f'`{x}`' for x in rules)}): they are about the baseline "
                     "as much as about learning, and do not show that a learner found a schedule the menu lacks."
                 )
+    for team in sorted({p.team for p in paired}):
+        # more successful than the baseline, at a cost whose interval lies above it: success bought, not found free
+        costly = [
+            p for p in paired
+            if p.team == team and not p.rule_based and p.success_diff > 0 and _cost_lo(p) > 1
+        ]  # fmt: skip
+        if costly:
+            what = "price" if not math.isnan(costly[0].price_ratio) else "tokens"
+            ratios = [p.price_ratio if what == "price" else p.tokens_ratio for p in costly]
+            out.append(
+                f"- **{team}**: {', '.join(f'`{p.conductor}`' for p in costly)} solve more tasks than "
+                f"`{costly[0].baseline}` ({_span([100 * p.success_diff for p in costly], '+.1f')} points) at "
+                f"{_span(ratios, '.2f')}× its {what}, with a return difference (success net of the reward's costs) "
+                f"of {_span([p.return_diff for p in costly], '+.3f')}: they buy success with cost. Whether that is "
+                "worth it is the cost–quality verdict's question, not the success column's."
+            )
     out += [
         "- The oracle is the best of *this* menu per task, not the best possible conductor; a stronger hand-written "
         "rule would raise the best fixed schedule and shrink the headroom.",
