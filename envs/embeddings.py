@@ -67,14 +67,25 @@ class MiniLMEmbedder:
         return self._model
 
     def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors of ``texts`` (zeros for empty ones). A text's vector does not depend on which texts it is
+        embedded with, nor on what was embedded before: texts are encoded in batches of one token length only (no
+        padding), whose vectors equal those of the text encoded alone; a batch padded to its longest text moves
+        the others' vectors by ~1e-7, which made a dataset rebuilt in another process (a resumed run, whose memo
+        held other texts) differ from the first build, and the learners trained on it too."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         todo = sorted({t for t in texts if t and t not in self._memo})
         if todo:
-            vecs = self._load().encode(todo, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+            model = self._load()
+            ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
+            groups: dict[int, list[str]] = {}
+            for t, tok in zip(todo, ids, strict=True):
+                groups.setdefault(len(tok), []).append(t)
             if len(self._memo) + len(todo) > self._cache_size:
                 self._memo.clear()
-            for t, v in zip(todo, np.asarray(vecs, dtype=np.float32), strict=True):
-                self._memo[t] = v
+            for group in groups.values():
+                vecs = model.encode(group, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
+                for t, v in zip(group, np.asarray(vecs, dtype=np.float32), strict=True):
+                    self._memo[t] = v
         for i, t in enumerate(texts):
             if t:
                 out[i] = self._memo[t]
