@@ -248,7 +248,12 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     assert all(p.baseline in menu for p in res.hull) and summary.count("the hull") >= 4
     # the page opens with findings whose every number is in a table below them
     found = read_findings(res.paths["findings"])
-    assert len(found) == 2 and summary.index("## Findings") < summary.index("## Headroom")
+    assert len(found) == 3 and summary.index("## Findings") < summary.index("## Headroom")
+    # the simple router: fitted on the validation menu, scored on the test menu, in a table, a finding and a caveat
+    assert "## The simple router" in summary and "the simple router fitted on validation" in found[1].text
+    section = summary.split("## The simple router")[1].split("\n## ")[0]
+    router_rows = [ln for ln in section.splitlines() if ln.startswith("| arithmetic")]
+    assert len(router_rows) == 1 and "the simple router fitted on validation (" in summary
     assert check_findings(summary, found) == []
     best = max(res.headroom, key=lambda h: (h.learner_success_mean, -h.learner_success_sd))
     assert f"the best learner, {best.learner}, {100 * best.learner_success_mean:.1f}%" in found[0].text

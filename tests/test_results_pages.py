@@ -48,3 +48,18 @@ def test_the_committed_chain_page_regenerates_from_its_run_directories(tmp_path:
     assert text.replace(str(ROOT) + "/", "") == page.read_text(), f"stale: run `{chain_page_command(job)}`"
     assert check_findings(page.read_text(), found) == []
     assert len(found) >= 4 and all((page.parent / f"teamtr_curves_{name}.png").exists() for name, _ in runs)
+
+
+def test_the_priced_conductor_page_quotes_its_own_tables() -> None:
+    """docs/results/conductor-priced.md (``orchestra reproduce conductor --teams arithmetic_priced ... --report``)
+    opens with findings, and every number they quote is in the table row they cite, in the committed copy."""
+    from orchestra.report.findings import read_findings
+
+    page = (ROOT / "docs" / "results" / "conductor-priced.md").read_text()
+    found = read_findings(ROOT / "docs" / "results" / "conductor-priced_findings.json")
+    assert len(found) >= 2 and page.index("## Findings") < page.index("## Headroom sized on validation")
+    assert check_findings(page, found) == []
+    assert (
+        "(conductor-priced_cost_quality.png)" in page
+        and (ROOT / "docs/results/conductor-priced_cost_quality.png").exists()
+    )

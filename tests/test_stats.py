@@ -157,6 +157,40 @@ def test_the_replicate_oracle_picks_on_one_run_and_is_scored_on_the_other() -> N
     assert stats.replicate_oracle({}, main) == {} and stats.replicate_oracle({"c": {"t1": (True, 0.0)}}, main) == {}
 
 
+def test_the_simple_router_fits_one_threshold_on_validation_and_is_scored_elsewhere() -> None:
+    """Short prompts go to the cheap rule, long ones to the costly one: the stump finds that split, prefers the
+    cheaper of equally good routers, and is scored on other tasks by what the rules it picks did there."""
+    feats = {f"t{i}": {"numbers": float(n), "chars": float(40 + 7 * i)} for i, n in enumerate([2, 2, 3, 4, 4, 5])}
+    fit = {
+        "cheap": {t: (f["numbers"] <= 3, 1.0) for t, f in feats.items()},
+        "costly": {t: (f["numbers"] >= 3, 4.0) for t, f in feats.items()},  # both solve the 3-number task
+        "never": {t: (False, 0.5) for t in feats},
+    }
+    router = stats.fit_stump_router(fit, feats)
+    # every task solved; the 3-number task goes to the cheap rule (the cheaper of two perfect routers)
+    assert (router.low, router.high, router.fit_success) == ("cheap", "costly", 1.0)
+    assert router.feature == "chars" or router.threshold == 3.0
+    assert router.fit_cost == pytest.approx((3 * 1.0 + 3 * 4.0) / 6)
+    assert "`cheap` if" in router.describe() and "else `costly`" in router.describe()
+    # scored on other tasks: what the picked rule did there, not the best of the two
+    test_feats = {"u1": {"numbers": 1.0, "chars": 30.0}, "u2": {"numbers": 6.0, "chars": 99.0}}
+    test = {"cheap": {"u1": (False, 1.0), "u2": (True, 1.0)}, "costly": {"u1": (True, 4.0), "u2": (False, 4.0)}}
+    picks = stats.route(router, test, test_feats)
+    assert picks == {"u1": stats.OracleChoice("cheap", False, 1.0), "u2": stats.OracleChoice("costly", False, 4.0)}
+    # one rule best everywhere: the router is that fixed schedule
+    same = stats.fit_stump_router({"a": {"t1": (True, 1.0)}, "b": {"t1": (False, 1.0)}}, {"t1": {"numbers": 2.0}})
+    assert same.low == same.high == "a" and same.describe() == "`a` everywhere"
+    with pytest.raises(ValueError, match="no task"):
+        stats.fit_stump_router({"a": {"t1": (True, 1.0)}}, {"t2": {"numbers": 1.0}})
+
+
+def test_prompt_statistics_read_only_the_prompt() -> None:
+    from orchestra.jobs.phase1_report import prompt_statistics
+
+    got = prompt_statistics("Tom has 4.5 apples. He buys 16 more! How many now?")
+    assert got == {"numbers": 2.0, "words": 11.0, "sentences": 3.0, "chars": 50.0}  # "4.5" is one number
+
+
 def test_fqe_selection() -> None:
     measured = [0.1, 0.5, 0.3, 0.9]
     good = stats.fqe_selection([1.0, 2.0, 1.5, 3.0], measured)

@@ -40,7 +40,7 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
-from orchestra.jobs.phase1_report import best_of, menu_headroom, report_tables, summary_md
+from orchestra.jobs.phase1_report import best_of, menu_headroom, menu_outcomes, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
 from orchestra.report.evaluation import PairedRow, ResultRow, summarize
@@ -199,6 +199,7 @@ class _Validation:
     episodes: dict[str, list[Episode]]
     best_fixed: dict[str, str]  # team -> rule
     headroom: list[MenuHeadroomRow] = field(default_factory=list)  # per team, sized before any learner is trained
+    routers: dict[str, stats.StumpRouter] = field(default_factory=dict)  # per team, the simple router (validation)
     policies: dict[str, list[tuple[str, Path]]] = field(default_factory=dict)  # team -> (label@epoch, folder)
     released: dict[str, dict[str, str]] = field(default_factory=dict)  # team -> algo -> config label
 
@@ -240,7 +241,14 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     test = evaluate_on_test(run, val, learned)
     _stage(7, n, "report: oracle router, headroom, paired tests, LLM-required subset, cost–quality plane")
     tables = report_tables(
-        out, run.menus, val.best_fixed, val.released, test.episodes, test.learners, replicate=test.replicate
+        out,
+        run.menus,
+        val.best_fixed,
+        val.released,
+        test.episodes,
+        test.learners,
+        replicate=test.replicate,
+        routers=val.routers,
     )
     rules = distil_released(run, val, learned)
     scale = (
@@ -317,6 +325,8 @@ def validate_menu(run: _Run) -> _Validation:
         val.episodes[name] = eps
         val.best_fixed[name] = best_of(summarize(eps), run.menus[name]).conductor
         print(f"  {name}: best fixed schedule on validation: {val.best_fixed[name]}")
+        router = val.routers[name] = stats.fit_stump_router(*menu_outcomes(eps, run.menus[name]))
+        print(f"  {name}: the simple router fitted on validation: {router.describe()} ({router.fit_success:.1%})")
         if cfg.replicate_offset:
             draws = cfg.run.seed + cfg.replicate_offset
             rep = play(
@@ -665,6 +675,8 @@ def reproduce(cfg: ReproduceConfig, command: str = "") -> Phase1Result:
             shutil.copyfile(plot, beside)
             text = text.replace("](report/cost_quality.png)", f"]({beside.name})")
         report.write_text(text, encoding="utf-8")
+        # its findings (each number tied to the table cell it quotes) beside it, so a test can check the copy
+        shutil.copyfile(res.paths["findings"], report.with_name(f"{report.stem}_findings.json"))
     return res
 
 

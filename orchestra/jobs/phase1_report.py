@@ -5,6 +5,7 @@ of the test, the cost–quality plane, and the text of ``summary.md``."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,12 +35,14 @@ from orchestra.report.protocol import (
     FQERow,
     HeadroomRow,
     MenuHeadroomRow,
+    RouterRow,
     captured_text,
     fqe_table_md,
     headroom_table_md,
     level_table_md,
     menu_headroom_md,
     not_shown,
+    router_table_md,
     subset_table_md,
 )
 from trajectories import Episode
@@ -60,6 +63,7 @@ class Tables:
     # each learner against the menu's hull at its place (evaluation.hull_comparison), Holm within each team
     hull: list[PairedRow] = field(default_factory=list)
     level_lines: list[str] = field(default_factory=list)  # per team, success per difficulty level (markdown)
+    routers: list[RouterRow] = field(default_factory=list)  # per team, the simple router fitted on validation
 
 
 def report_tables(
@@ -70,6 +74,7 @@ def report_tables(
     test_eps: list[Episode],
     learners: dict[str, dict[str, list[str]]],
     replicate: Sequence[Episode] = (),
+    routers: Mapping[str, stats.StumpRouter] | None = None,
 ) -> Tables:
     """Stage 7: results and paired tests against the best fixed schedule, then per team the oracle router over the
     menu, headroom and captured fraction, the LLM-required subset, the power of the test, the cost–quality
@@ -77,7 +82,8 @@ def report_tables(
     configuration per algorithm and the labels of its test evaluations per algorithm (one per seed). ``replicate``: the
     menu's episodes on the same test tasks with other sampling seeds; the oracle is then also picked on them and
     scored on ``test_eps`` (the capturable headroom; the in-sample oracle's surplus is luck), and a learner's captured
-    fraction is of that capturable headroom."""
+    fraction is of that capturable headroom. ``routers``: per team the simple router fitted on validation
+    (:func:`orchestra.report.stats.fit_stump_router`), scored here on the menu's test episodes."""
     rows = summarize(test_eps)
     fam_of = {r.team: r.family for r in rows}
     baselines = {(fam_of[name], name): best_fixed[name] for name in menus}
@@ -88,6 +94,7 @@ def report_tables(
     panels: dict[str, list[tuple[str, float, float, str]]] = {}
     subset_lines: list[str] = []
     level_lines: list[str] = []
+    router_rows: list[RouterRow] = []
     power_lines: list[str] = []
     xlabels: dict[str, str] = {}
     hull: list[PairedRow] = []
@@ -114,6 +121,12 @@ def report_tables(
         panels[fam_of[name]].append(("oracle", o_cost, o_succ, "oracle"))
         if r_oracle:
             panels[fam_of[name]].append(("replicate oracle", _mean_choice(r_oracle)[1], r_succ, "replicate"))
+        if routers and name in routers:
+            outcomes, feats = menu_outcomes(eps, menu)
+            picks = stats.route(routers[name], outcomes, feats)
+            rs, rc = _mean_choice(picks)
+            router_rows.append(RouterRow(name, routers[name].describe(), routers[name].fit_success, rs, rc, len(picks)))
+            panels[fam_of[name]].append(("simple router", rc, rs, "other"))
         if "random" in team_rows:
             panels[fam_of[name]].append(
                 ("random", row_cost(team_rows["random"]), team_rows["random"].success_rate, "other")
@@ -172,7 +185,7 @@ def report_tables(
     plot_cost_quality(panels, report_dir / "cost_quality.png", "Phase 1", xlabel=xlabels)
     paths["cost_quality"] = report_dir / "cost_quality.png"
     write_table(report_dir / "headroom.csv", head_rows, HeadroomRow.__dataclass_fields__)
-    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [], hull, level_lines)
+    tables = Tables(rows, paired, head_rows, subset_lines, power_lines, paths, [], hull, level_lines, router_rows)
     tables.findings = phase1_findings(tables)
     write_findings(report_dir / "findings.json", tables.findings)
     paths["findings"] = report_dir / "findings.json"
@@ -226,6 +239,15 @@ def phase1_findings(tables: Tables) -> list[Finding]:
                     tuple(Cite(keys, x) for x in (bf, rep, capt, oracle, luck, succ, cap) if x != "—"),
                 )
             )
+        for r in (r for r in tables.routers if r.team == team):
+            ts, tc = f"{100 * r.test_success:.1f}%", f"{r.test_cost:.3g}"
+            out.append(
+                Finding(
+                    f"**{team}**: the simple router fitted on validation, {r.router}, solves {ts} of the test tasks "
+                    f"at a cost of {tc} per task; the best learner, {best.learner}, {succ}.",
+                    (Cite((team, r.router), ts), Cite((team, r.router), tc), Cite(keys, succ)),
+                )
+            )
         learned = [p for p in tables.paired if p.team == team and not p.rule_based]
         if not learned:
             continue
@@ -259,7 +281,7 @@ def summary_md(
 ) -> list[str]:
     """The lines of ``summary.md`` (the run time is appended by the caller); ``scale``, its sentence on the tasks,
     seeds and command of the run; ``validation_headroom``, the headroom sized on validation before training."""
-    caveats = not_shown(tables.headroom, tables.paired, seeds, run_seed)
+    caveats = not_shown(tables.headroom, tables.paired, seeds, run_seed, tables.routers)
     n_forced = sum(1 for e in ledger if e.get("forced"))
     summary = [
         "# Phase 1: learned conductors vs a menu of fixed schedules",
@@ -291,6 +313,21 @@ def summary_md(
                 "",
             ]
             if validation_headroom
+            else []
+        ),
+        *(
+            [
+                "## The simple router: one threshold on one prompt statistic",
+                "",
+                "The strongest simple baseline of routing: per task, one of two rules of the menu by whether one "
+                "statistic of the prompt (its numbers, words, sentences or characters) is at most a threshold; the "
+                "feature, threshold and rules that solve the most validation tasks (ties: cheaper), scored on the "
+                "menu's test episodes. A learner that routes no better has learned no more than the prompt's size.",
+                "",
+                router_table_md(tables.routers),
+                "",
+            ]
+            if tables.routers
             else []
         ),
         "## Success per difficulty level (test)",
@@ -410,6 +447,32 @@ def forced_md(ledger: Sequence[Mapping[str, object]]) -> list[str]:
 def best_of(rows: Sequence[ResultRow], names: Sequence[str]) -> ResultRow:
     cand = [r for r in rows if r.conductor in names]
     return max(cand, key=lambda r: (r.success_rate, r.mean_return, [-ord(c) for c in r.conductor]))
+
+
+def prompt_statistics(prompt: str) -> dict[str, float]:
+    """What a conductor can read off a task's prompt without a model: how many numbers, words, sentences and
+    characters it has (the simple router's features, :func:`orchestra.report.stats.fit_stump_router`)."""
+    return {
+        "numbers": float(len(re.findall(r"\d+(?:\.\d+)?", prompt))),
+        "words": float(len(prompt.split())),
+        "sentences": float(len(re.findall(r"[.?!](?:\s|$)", prompt))),
+        "chars": float(len(prompt)),
+    }
+
+
+def menu_outcomes(
+    eps: Sequence[Episode], menu: Sequence[str]
+) -> tuple[dict[str, dict[str, tuple[bool, float]]], dict[str, dict[str, float]]]:
+    """(outcomes[rule][task id] = (success, cost), prompt statistics per task id) of the menu's episodes: what a
+    router over the menu is fitted on and scored by. Cost: a priced team's price, else tokens."""
+    priced = _priced(eps)
+    outcomes: dict[str, dict[str, tuple[bool, float]]] = {}
+    features: dict[str, dict[str, float]] = {}
+    for e in eps:
+        if e.conductor.name in menu:
+            outcomes.setdefault(e.conductor.name, {})[e.task.id] = (e.success, _cost(e, priced))
+            features[e.task.id] = prompt_statistics(str(e.steps[0].state["task"]["prompt"]))
+    return outcomes, features
 
 
 def _priced(eps: Sequence[Episode]) -> bool:

@@ -70,6 +70,32 @@ class MenuHeadroomRow:
     replicate_oracle_cost: float
 
 
+@dataclass
+class RouterRow:
+    """Per family, the simple router (one threshold on one prompt statistic, between two rules of the menu; fitted
+    on the validation run of the menu, :func:`orchestra.report.stats.fit_stump_router`) scored on the test run."""
+
+    team: str
+    router: str  # its rule in words, e.g. `coder` if numbers ≤ 3, else `specialist`
+    validation_success: float
+    test_success: float
+    test_cost: float  # mean per task: tokens, or a priced team's price
+    tasks: int
+
+
+def router_table_md(rows: Sequence[RouterRow]) -> str:
+    lines = [
+        "| team | simple router (fitted on validation) | validation success | test success | test cost | tasks |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.team} | {r.router} | {_pct(r.validation_success)} | {_pct(r.test_success)} | {r.test_cost:.3g} | "
+            f"{r.tasks} |"
+        )
+    return "\n".join(lines)
+
+
 def menu_headroom_md(rows: Sequence[MenuHeadroomRow]) -> str:
     lines = [
         "| team | split | tasks | best fixed | its success | oracle (in-sample) | oracle (replicate) | capturable (pts) "
@@ -179,11 +205,30 @@ def _baseline(paired: Sequence[PairedRow], team: str) -> str:
 
 
 def not_shown(
-    head: Sequence[HeadroomRow], paired: Sequence[PairedRow], seeds: Sequence[int], run_seed: int
+    head: Sequence[HeadroomRow],
+    paired: Sequence[PairedRow],
+    seeds: Sequence[int],
+    run_seed: int,
+    routers: Sequence[RouterRow] = (),
 ) -> list[str]:
     """Plain-words caveats, some read off the results (small headroom, a validation choice that differs on test,
-    verdicts that rest on few tasks), some always true of this design."""
+    verdicts that rest on few tasks, learners no better than the simple router), some always true of this design."""
     out = []
+    for r in routers:
+        rows = [h for h in head if h.team == r.team]
+        if not rows:
+            continue
+        best = max(rows, key=lambda h: h.learner_success_mean)
+        gap = best.learner_success_mean - r.test_success
+        out.append(
+            f"- **{r.team}**: the simple router fitted on validation ({r.router}) solves {_pct(r.test_success)} of the "
+            f"test tasks; the best learner, {best.learner}, {_pct(best.learner_success_mean)} on average, "
+            + (
+                f"{100 * gap:+.1f} points: its routing is no more than what the prompt's size tells."
+                if gap <= 0.02
+                else f"{100 * gap:+.1f} points above it (over tasks and seeds of fixed models, not a test)."
+            )
+        )
     for team in sorted({h.team for h in head}):
         h = next(x for x in head if x.team == team)
         room, which = (h.headroom, "the oracle") if math.isnan(h.capturable) else (h.capturable, "the replicate oracle")
@@ -261,6 +306,8 @@ __all__ = [
     "captured_text",
     "fqe_table_md",
     "headroom_table_md",
+    "router_table_md",
+    "RouterRow",
     "not_shown",
     "subset_table_md",
 ]

@@ -265,6 +265,70 @@ def replicate_oracle(
             for t, c in picks.items()}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class StumpRouter:
+    """The simplest learned router: one threshold on one prompt statistic, ``low`` for tasks at or below it and
+    ``high`` above (``low == high``: a fixed schedule), fitted on one run of the menu (:func:`fit_stump_router`)."""
+
+    feature: str
+    threshold: float
+    low: str
+    high: str
+    fit_success: float  # on the tasks it was fitted on
+    fit_cost: float
+
+    def pick(self, features: Mapping[str, float]) -> str:
+        return self.low if features[self.feature] <= self.threshold else self.high
+
+    def describe(self) -> str:
+        if self.low == self.high:
+            return f"`{self.low}` everywhere"
+        return f"`{self.low}` if {self.feature} ≤ {self.threshold:g}, else `{self.high}`"
+
+
+def fit_stump_router(
+    outcomes: Mapping[str, Mapping[Any, tuple[bool, float]]], features: Mapping[Any, Mapping[str, float]]
+) -> StumpRouter:
+    """The router of one threshold on one feature, between two rules of a menu, that solves the most of the tasks
+    ``outcomes[rule][task] = (success, cost)`` every rule played and ``features`` describes; ties go to the cheaper,
+    then to the first in (feature, threshold, rules) order. A baseline a learned conductor must beat before its
+    routing counts as more than reading the prompt's size: fit it on validation, score it with :func:`route`."""
+    rules = sorted(outcomes)
+    tasks = sorted(set.intersection(*(set(outcomes[r]) for r in rules)) & set(features), key=repr)
+    if not tasks:
+        raise ValueError("fit_stump_router: no task that every rule played and that has features")
+    succ = np.array([[float(outcomes[r][t][0]) for t in tasks] for r in rules])  # (rules, tasks)
+    cost = np.array([[float(outcomes[r][t][1]) for t in tasks] for r in rules])
+    best: tuple[tuple[float, float], StumpRouter] | None = None
+    for name in sorted(features[tasks[0]]):
+        x = np.array([float(features[t][name]) for t in tasks])
+        for thr in np.unique(x):
+            low = x <= thr
+            for i, a in enumerate(rules):
+                for j, b in enumerate(rules):
+                    s = float(np.where(low, succ[i], succ[j]).mean())
+                    c = float(np.where(low, cost[i], cost[j]).mean())
+                    if best is None or (s, -c) > best[0]:
+                        best = ((s, -c), StumpRouter(name, float(thr), a, b, s, c))
+    assert best is not None
+    return best[1]
+
+
+def route(
+    router: StumpRouter,
+    outcomes: Mapping[str, Mapping[Any, tuple[bool, float]]],
+    features: Mapping[Any, Mapping[str, float]],
+) -> dict[Any, OracleChoice]:
+    """Per task of ``features`` that the router's rules played, the rule it picks and what that rule scored there."""
+    out: dict[Any, OracleChoice] = {}
+    for t, f in features.items():
+        rule = router.pick(f)
+        if t in outcomes.get(rule, {}):
+            ok, c = outcomes[rule][t]
+            out[t] = OracleChoice(rule, bool(ok), float(c))
+    return out
+
+
 def headroom(oracle: float, best_rule: float) -> float:
     """Success the best rule-based schedule leaves to a router: oracle − best rule."""
     return oracle - best_rule
@@ -326,6 +390,9 @@ __all__ = [
     "mean_sd",
     "noninferiority_power",
     "oracle_router",
+    "StumpRouter",
+    "fit_stump_router",
+    "route",
     "paired_mean",
     "paired_success",
     "ratio_ci",
