@@ -68,24 +68,20 @@ class MiniLMEmbedder:
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """Unit vectors of ``texts`` (zeros for empty ones). A text's vector does not depend on which texts it is
-        embedded with, nor on what was embedded before: texts are encoded in batches of one token length only (no
-        padding), whose vectors equal those of the text encoded alone; a batch padded to its longest text moves
-        the others' vectors by ~1e-7, which made a dataset rebuilt in another process (a resumed run, whose memo
-        held other texts) differ from the first build, and the learners trained on it too."""
+        embedded with, nor on what was embedded before: each text is encoded alone. In a batch the vectors move by
+        ~1e-7 with its composition (padding to the longest text, and the matrix kernels chosen by its size even among
+        texts of one length), which made a dataset rebuilt in another process (a resumed run, whose memo held other
+        texts) differ from the first build, and the learners trained on it too. Alone costs about 2.5× the batched
+        time, once per distinct text (the memo keeps it)."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         todo = sorted({t for t in texts if t and t not in self._memo})
         if todo:
             model = self._load()
-            ids = model.tokenizer(todo, truncation=True, max_length=model.max_seq_length)["input_ids"]
-            groups: dict[int, list[str]] = {}
-            for t, tok in zip(todo, ids, strict=True):
-                groups.setdefault(len(tok), []).append(t)
             if len(self._memo) + len(todo) > self._cache_size:
                 self._memo.clear()
-            for group in groups.values():
-                vecs = model.encode(group, batch_size=32, normalize_embeddings=True, show_progress_bar=False)
-                for t, v in zip(group, np.asarray(vecs, dtype=np.float32), strict=True):
-                    self._memo[t] = v
+            for t in todo:
+                vec = model.encode([t], batch_size=1, normalize_embeddings=True, show_progress_bar=False)
+                self._memo[t] = np.asarray(vec, dtype=np.float32)[0]
         for i, t in enumerate(texts):
             if t:
                 out[i] = self._memo[t]

@@ -15,6 +15,8 @@ TEXTS = [
     "[python] 31",
     "Omar packs 6 boxes with 8 shells each. He gives away 11 shells. How many shells does he have left? " * 3,
     "24 cookies are shared equally by 4 children.",
+    # nine replies of one token length: batched together (no padding) their vectors still moved with the batch
+    *(f"print({n})" for n in (11, 13, 15, 16, 18, 20, 22, 36, 45)),
 ]
 
 
