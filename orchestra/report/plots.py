@@ -212,12 +212,14 @@ def plot_cost_quality(
             xs = [hull[0][0]] + [p[0] for p in hull[1:] for _ in (0, 1)]
             ys = [p[1] for p in hull for _ in (0, 1)][:-1]
             ax.plot(xs, [100 * y for y in ys], "-", color="tab:blue", alpha=0.4, label="menu hull")
+        placed: dict[tuple[float, float], int] = {}  # labels already at a point: the next one goes below them
         for label, c, q, kind in pts:
             marker, colour = style.get(kind, style["other"])
             big = kind in ("oracle", "replicate")
             face = "none" if kind == "replicate" else colour
             ax.plot(c, 100 * q, marker, color=colour, markerfacecolor=face, markersize=11 if big else 7)
-            ax.annotate(label, (c, 100 * q), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            k = placed[(round(c, 9), round(q, 9))] = placed.get((round(c, 9), round(q, 9)), -1) + 1
+            ax.annotate(label, (c, 100 * q), fontsize=7, xytext=(4, 3 - 9 * k), textcoords="offset points")
         ax.set_title(fam)
         ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel.get(fam, "mean tokens per episode"))
         ax.set_ylim(-2, 105)
