@@ -501,7 +501,7 @@ def _menu_oracles(
     priced = _priced([e for m in menu for e in by[m].values()])
     tasks = sorted(set.intersection(*(set(by[m]) for m in menu)))
     outcomes = {m: {t: (by[m][t].success, _cost(by[m][t], priced)) for t in tasks} for m in menu}
-    rep = {m: {tid: (e.success, _cost(e, priced)) for (tid, _), e in rep_by[m].items()} for m in menu if m in rep_by}
+    rep = menu_outcomes([e for m in menu for e in rep_by.get(m, {}).values()], menu)[0]  # by task id
     main_by_id = {m: {tid: v for (tid, _), v in outcomes[m].items()} for m in menu}
     return tasks, dict(stats.oracle_router(outcomes)), dict(stats.replicate_oracle(rep, main_by_id))
 
