@@ -22,7 +22,22 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
 
 
 def markdown_files(root: Path = ROOT) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    """The README and every page under docs/ but those git ignores (a report a command derives into a committed run
+    directory, e.g. docs/results/finetune_run/summary.md, is output, not a page)."""
+    return [root / "README.md", *sorted(p for p in (root / "docs").rglob("*.md") if p.resolve() not in _ignored(root))]
+
+
+def _ignored(root: Path) -> set[Path]:
+    import subprocess
+
+    out = subprocess.run(
+        ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--", "docs"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    return {(root / line).resolve() for line in out.splitlines()}
 
 
 def _blank_code(text: str) -> str:
@@ -116,7 +131,7 @@ def test_the_readme_and_the_docs_index_link_the_pages() -> None:
             continue
         seen.add(page)
         todo += [(page.parent / t.partition("#")[0]).resolve() for _, t in links(page) if not re.match(r"[a-z]+:|#", t)]
-    assert {p.resolve() for p in (ROOT / "docs").rglob("*.md")} - seen == set()
+    assert {p.resolve() for p in markdown_files()[1:]} - seen == set()
 
 
 def test_the_readme_is_a_front_door() -> None:

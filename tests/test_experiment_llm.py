@@ -15,7 +15,7 @@ import pytest
 from scipy import stats as sps
 
 from orchestra.experiments.harness import read_rows
-from orchestra.experiments.llm.analysis import acceptance, analyse, paired_row
+from orchestra.experiments.llm.analysis import acceptance, analyse, complete_seeds, paired_row
 from orchestra.experiments.llm.config import LLMExperimentConfig
 from orchestra.experiments.llm.report import findings, summary_sections
 from orchestra.experiments.llm.run import (
@@ -473,6 +473,37 @@ def test_report_only_plays_nothing_and_marks_an_unfinished_run_interim(smoke_dir
     assert ("equal_stages", "naive") in final and ("equal_episodes", "naive") not in final
     assert ("equal_updates", "teamtr") in final and ("equal_updates", "naive") not in final
     assert not [r for r in result.tables["vs_frozen"] if r["accounting"] == "equal_episodes" and r["scheme"] == "naive"]
+
+
+def test_complete_seeds_counts_the_seed_prefix_whose_every_evaluation_is_in() -> None:
+    expected = [("frozen", s, 0) for s in range(3)] + [(x, s, 4) for x in ("teamtr", "naive") for s in range(3)]
+    done = set(expected) - {("naive", 1, 4)}
+    assert complete_seeds(expected, done) == 1  # seed 2 is complete too, but seed 1 is not: the prefix stops
+    assert complete_seeds(expected, set(expected)) == 3
+    assert complete_seeds(expected, done - {("frozen", 0, 0)}) == 0
+
+
+def test_an_interim_report_reads_the_seeds_every_scheme_completed(smoke_dir: Path, tmp_path: Path) -> None:
+    """Seed-major runs stopped after seed 0 of a 2-seed config: the report reads seed 0 of every scheme (the same
+    tables as the finished 1-seed run) and says so, instead of leaving out every scheme comparison."""
+    import shutil
+
+    from trajectories.rundir import write_config
+
+    copy = tmp_path / "copy"
+    shutil.copytree(smoke_dir, copy)
+    two = replace(SMOKE, seeds=2)
+    write_config(copy, two)  # as if the run had been started with 2 seeds and stopped after seed 0
+    result = run_llm_experiment(two, copy, say=lambda _line: None, play=False)
+    summary = result.summary.read_text()
+    assert "Every table below reads seed 0 only, the seed every scheme has completed" in summary
+    assert "nothing about a training procedure can be inferred" in summary
+    for name in ("final", "vs_frozen", "mechanism", "curves", "headroom"):
+        assert len(result.tables[name]) == len(_csv(smoke_dir / f"{name}.csv")) > 0, name
+    assert [(r["accounting"], r["scheme"], r["success"]) for r in result.tables["final"]] == [
+        (r["accounting"], r["scheme"], float(r["success"])) for r in _csv(smoke_dir / "final.csv")
+    ]
+    assert {r["scheme"] for r in result.tables["pairwise"]} == {"teamtr"}
 
 
 def test_greedy_frozen_team_is_played_once_and_serves_every_seed(

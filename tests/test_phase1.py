@@ -5,7 +5,9 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import lzma
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -260,6 +262,23 @@ def test_the_protocol_end_to_end_with_scripted_workers(tmp_path: Path, monkeypat
     succ = f"{100 * best.learner_success_mean:.1f}% ± {100 * best.learner_success_sd:.1f}"
     stale = summary.replace(f"| {succ} |", "| 12.3% ± 4.5 |")
     assert check_findings(stale, found)  # a table edited after the findings were written is caught
+    # the report rebuilt from its inputs alone (report/inputs copied without the run): the same page, nothing played
+    from orchestra.jobs.phase1 import ReproduceConfig, reproduce
+    from orchestra.jobs.phase1_inputs import EPISODES_FILE
+
+    bare = tmp_path / "bare"
+    shutil.copytree(out / "report" / "inputs", bare / "report" / "inputs")
+    rebuilt = reproduce(ReproduceConfig(out=str(bare), report_only=True))
+    assert rebuilt.paths["summary"].read_text() == res.paths["summary"].read_text()
+    assert (bare / "report" / "cost_quality.png").exists() and not (bare / "test").exists()
+    size = sum(f.stat().st_size for f in (bare / "report" / "inputs").iterdir())
+    assert size < sum(f.stat().st_size for f in (out / "test").rglob("*.jsonl")) / 20
+    with pytest.raises(FileNotFoundError, match=r"report_inputs\.json: missing; --report-only rebuilds"):
+        reproduce(ReproduceConfig(out=str(tmp_path / "nothing"), report_only=True))
+    with lzma.open(bare / "report" / "inputs" / EPISODES_FILE, "ab") as f:
+        f.write(b'{"schema_version": 1, "episode_id": ""}\n')
+    with pytest.raises(ValueError, match=rf"{EPISODES_FILE}:{len(main_eps) + 1}: \w+: missing field"):
+        reproduce(ReproduceConfig(out=str(bare), report_only=True))
     again = run_phase1(cfg, out)  # a rerun resumes: no new test evaluation, the same tables
     assert res.paths["ledger"].read_text().splitlines() == ledger
     assert [h.learner_success_mean for h in again.headroom] == [h.learner_success_mean for h in res.headroom]

@@ -50,16 +50,50 @@ def test_the_committed_chain_page_regenerates_from_its_run_directories(tmp_path:
     assert len(found) >= 4 and all((page.parent / f"teamtr_curves_{name}.png").exists() for name, _ in runs)
 
 
-def test_the_priced_conductor_page_quotes_its_own_tables() -> None:
-    """docs/results/conductor-priced.md (``orchestra reproduce conductor --teams arithmetic_priced ... --report``)
-    opens with findings, and every number they quote is in the table row they cite, in the committed copy."""
+@pytest.mark.parametrize("stem", ["conductor-priced"])
+def test_a_committed_phase1_page_regenerates_from_its_committed_inputs(stem: str, tmp_path: Path) -> None:
+    """docs/results/STEM.md is what ``orchestra reproduce conductor --report-only --out docs/results/STEM_run --report
+    docs/results/STEM.md`` writes from the committed report inputs (the slim test episodes and what the run's
+    earlier stages decided): rebuilt here from a copy, it is the committed page, its figure is the committed one, and
+    every number its findings quote is in the table row they cite."""
+    import shutil
+
+    from orchestra.jobs.phase1 import ReproduceConfig, reproduce
     from orchestra.report.findings import read_findings
 
-    page = (ROOT / "docs" / "results" / "conductor-priced.md").read_text()
-    found = read_findings(ROOT / "docs" / "results" / "conductor-priced_findings.json")
-    assert len(found) >= 2 and page.index("## Findings") < page.index("## Headroom sized on validation")
-    assert check_findings(page, found) == []
-    assert (
-        "(conductor-priced_cost_quality.png)" in page
-        and (ROOT / "docs/results/conductor-priced_cost_quality.png").exists()
-    )
+    results = ROOT / "docs" / "results"
+    run = tmp_path / f"{stem}_run"
+    shutil.copytree(results / f"{stem}_run" / "report" / "inputs", run / "report" / "inputs")
+    page = tmp_path / f"{stem}.md"
+    res = reproduce(ReproduceConfig(out=str(run), report=str(page), report_only=True))
+    cmd = f"orchestra reproduce conductor --report-only --out docs/results/{stem}_run --report docs/results/{stem}.md"
+    committed = (results / f"{stem}.md").read_text()
+    assert page.read_text() == committed, f"stale: run `{cmd}`"
+    assert (tmp_path / f"{stem}_cost_quality.png").read_bytes() == (results / f"{stem}_cost_quality.png").read_bytes()
+    found = read_findings(res.paths["findings"])
+    assert len(found) >= 2 and committed.index("## Findings") < committed.index("## Headroom")
+    assert check_findings(committed, found) == []
+    assert f"({stem}_cost_quality.png)" in committed
+
+
+def test_the_committed_llm_page_regenerates_from_its_committed_tables(tmp_path: Path) -> None:
+    """docs/results/finetune.md is what ``orchestra experiment llm --report-only --out docs/results/finetune_run
+    --report docs/results/finetune.md`` writes from the committed tables (evaluations and each run's update and stage
+    tables, no checkpoints): regenerated here from a copy, it is the committed page, and its findings quote it."""
+    import shutil
+
+    from orchestra.experiments.llm.config import LLMExperimentConfig
+    from orchestra.experiments.llm.report import findings
+    from orchestra.experiments.llm.run import run_llm_experiment
+    from orchestra.jobs.experiment import publish
+
+    tables = tmp_path / "finetune_run"
+    shutil.copytree(ROOT / "docs" / "results" / "finetune_run", tables)
+    result = run_llm_experiment(LLMExperimentConfig(), tables, say=lambda _line: None, play=False)
+    publish(result.summary, tmp_path / "finetune.md")
+    page = (ROOT / "docs" / "results" / "finetune.md").read_text()
+    cmd = "orchestra experiment llm --report-only --out docs/results/finetune_run --report docs/results/finetune.md"
+    assert (tmp_path / "finetune.md").read_text() == page, f"stale: run `{cmd}`"
+    found = findings(LLMExperimentConfig(), result.tables)
+    assert found and check_findings(page, found) == []
+    assert page.index("## Findings") < page.index("## Held-out success") and "(finetune_curves.png)" in page

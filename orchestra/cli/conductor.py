@@ -165,6 +165,8 @@ def _reproduce(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("phase1.features", "--features"),
             Opt("phase1.replicate_offset", "--replicate-offset"),
             "report",
+            Opt("tables", "--tables"),
+            "report_only",
             Opt("phase1.force_test", "--force-test", metavar="REASON"),
             *run_options("phase1.run"),
         ],

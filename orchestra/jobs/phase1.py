@@ -40,6 +40,7 @@ import numpy as np
 
 from envs.config import TeamEnvConfig
 from envs.observation import ObservationEncoder
+from orchestra.jobs.phase1_inputs import ReportInputs, slim
 from orchestra.jobs.phase1_report import best_of, menu_headroom, menu_outcomes, report_tables, summary_md
 from orchestra.jobs.record import RecordConfig, record
 from orchestra.report import stats
@@ -240,36 +241,63 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
     )
     test = evaluate_on_test(run, val, learned)
     _stage(7, n, "report: oracle router, headroom, paired tests, LLM-required subset, cost–quality plane")
-    tables = report_tables(
-        out,
-        run.menus,
-        val.best_fixed,
-        val.released,
-        test.episodes,
-        test.learners,
-        replicate=test.replicate,
-        routers=val.routers,
-    )
     rules = distil_released(run, val, learned)
     scale = (
         f"Tasks per family: train {cfg.train_episodes} per source conductor, validation {cfg.validation_episodes}, "
         f"test {cfg.eval_episodes}; training seeds {', '.join(map(str, cfg.seeds))}; run seed {cfg.run.seed}."
         + (f" Produced by `{command}`." if command else "")
     )
-    summary = summary_md(
-        scale,
-        tables,
-        test.episodes,
-        read_ledger(test.ledger),
-        fqe_rows,
-        selection,
-        rules,
-        cfg.seeds,
-        cfg.run.seed,
+    inputs = ReportInputs(
+        scale=scale,
+        menus=run.menus,
+        best_fixed=val.best_fixed,
+        released=val.released,
+        learners=test.learners,
+        seeds=list(cfg.seeds),
+        run_seed=cfg.run.seed,
+        run_seconds=time.perf_counter() - t0,
+        episodes=[slim(e) for e in test.episodes],
+        replicate=[slim(e) for e in test.replicate],
+        routers=val.routers,
         validation_headroom=val.headroom,
+        fqe=fqe_rows,
+        selection=selection,
+        rules=rules,
+        ledger=read_ledger(test.ledger),
     )
-    elapsed = time.perf_counter() - t0
-    summary.append(f"Run time: {elapsed:.0f} s on this machine.")
+    inputs.write(out / "report" / "inputs")
+    return phase1_report(inputs, out)
+
+
+def phase1_report(inputs: ReportInputs, out: Path) -> Phase1Result:
+    """Stage 7 from its inputs (:mod:`orchestra.jobs.phase1_inputs`): the tables and files under ``out/report/``
+    and ``out/summary.md``; what a full run ends with and what ``--report-only`` rebuilds from the inputs alone."""
+    tables = report_tables(
+        out,
+        inputs.menus,
+        inputs.best_fixed,
+        inputs.released,
+        inputs.episodes,
+        inputs.learners,
+        replicate=inputs.replicate,
+        routers=inputs.routers,
+    )
+    summary = summary_md(
+        inputs.scale,
+        tables,
+        inputs.episodes,
+        inputs.ledger,
+        inputs.fqe,
+        inputs.selection,
+        inputs.rules,
+        inputs.seeds,
+        inputs.run_seed,
+        validation_headroom=inputs.validation_headroom,
+    )
+    summary.append(
+        f"Run time: {inputs.run_seconds:.0f} s on the machine that ran it (its last invocation: a resumed run counts "
+        "only what that invocation did)."
+    )
     md = out / "summary.md"
     md.write_text("\n".join(summary) + "\n", encoding="utf-8")
     report_dir = out / "report"
@@ -277,13 +305,14 @@ def run_phase1(cfg: Phase1Config, out: Path, command: str = "") -> Phase1Result:
         **tables.paths,
         "summary": md,
         "fqe": out / "fqe.csv",
-        "ledger": test.ledger,
+        "ledger": out / "test_ledger.jsonl",
         "headroom": report_dir / "headroom.csv",
+        "inputs": report_dir / "inputs",
     }
     print()
     print("\n".join(summary))
-    print(f"\nfinished in {elapsed:.0f} s; summary: {md}")
-    return Phase1Result(tables.rows, tables.headroom, fqe_rows, rules, paths, tables.hull)
+    print(f"\nsummary: {md}")
+    return Phase1Result(tables.rows, tables.headroom, inputs.fqe, inputs.rules, paths, tables.hull)
 
 
 def _stage(i: int, n: int, msg: str) -> None:
@@ -658,13 +687,27 @@ class ReproduceConfig:
     phase1: Phase1Config = field(default_factory=Phase1Config.reproduce)  # the full-scale run
     out: str = "runs/reproduce-conductor"  # run directory (a rerun continues it)
     report: str | None = None  # also copy the summary (markdown) here, e.g. docs/results/conductor.md
+    # also copy the report's inputs (OUT/report/inputs: the slim test episodes and what earlier stages decided, a few
+    # hundred kB) into THERE/report/inputs, from which --report-only --out THERE rebuilds the report on a fresh clone
+    tables: str | None = None
+    # build the report from OUT/report/inputs alone: nothing is recorded, trained or played, and the options that
+    # shape a run are ignored (the inputs hold what the run used, its command line included)
+    report_only: bool = False
 
 
 def reproduce(cfg: ReproduceConfig, command: str = "") -> Phase1Result:
     """Phase 1 at full scale; ``command``, the command line that asked for it (quoted in the report; default: the
-    defaults' command with this run seed)."""
+    defaults' command with this run seed). ``cfg.report_only``: the report rebuilt from ``OUT/report/inputs``."""
     command = command or f"orchestra reproduce conductor --seed {cfg.phase1.run.seed}"
-    res = run_phase1(cfg.phase1, Path(cfg.out), command=command)
+    out = Path(cfg.out)
+    if cfg.report_only:
+        res = phase1_report(ReportInputs.read(out / "report" / "inputs"), out)
+    else:
+        res = run_phase1(cfg.phase1, out, command=command)
+    if cfg.tables:
+        dest = Path(cfg.tables) / "report" / "inputs"
+        if dest.resolve() != res.paths["inputs"].resolve():
+            shutil.copytree(res.paths["inputs"], dest, dirs_exist_ok=True)
     if cfg.report:
         report = Path(cfg.report)
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -675,8 +718,6 @@ def reproduce(cfg: ReproduceConfig, command: str = "") -> Phase1Result:
             shutil.copyfile(plot, beside)
             text = text.replace("](report/cost_quality.png)", f"]({beside.name})")
         report.write_text(text, encoding="utf-8")
-        # its findings (each number tied to the table cell it quotes) beside it, so a test can check the copy
-        shutil.copyfile(res.paths["findings"], report.with_name(f"{report.stem}_findings.json"))
     return res
 
 

@@ -113,12 +113,12 @@ def _holm_in_place(table: list[dict[str, Any]], group: str) -> None:
             r["p_holm"] = h
 
 
-def training_curves(runs_dir: Path, cfg: LLMExperimentConfig) -> list[dict[str, Any]]:
+def training_curves(runs_dir: Path, cfg: LLMExperimentConfig, seeds: int | None = None) -> list[dict[str, Any]]:
     """Per (scheme, seed, update): the mean reward of the batch it trained on and the episodes sampled so far, from
-    each run directory's ``updates.csv`` (missing runs are skipped)."""
+    each run directory's ``updates.csv`` of the first ``seeds`` seeds (default all; missing runs are skipped)."""
     out: list[dict[str, Any]] = []
     for scheme in cfg.schemes:
-        for seed in range(cfg.seeds):
+        for seed in range(cfg.seeds if seeds is None else seeds):
             path = runs_dir / f"{scheme}-seed{seed}" / "updates.csv"
             if not path.exists():
                 continue
@@ -184,12 +184,15 @@ def mechanism(training: Sequence[dict[str, Any]], schemes: Sequence[str]) -> lis
 
 
 def analyse(
-    cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], runs_dir: Path
+    cfg: LLMExperimentConfig, rows: Sequence[dict[str, Any]], runs_dir: Path, seeds: int | None = None
 ) -> dict[str, list[dict[str, Any]]]:
     """Every table: ``final`` (each scheme at each accounting), ``vs_frozen``, ``pairwise`` (task level,
     descriptive), ``curves`` (held-out success per evaluation stage), ``training`` (training-batch reward per update)
-    and the verdicts over seeds (``seed_iqm``, ``seed_verdicts``, ``null_check``)."""
-    n_tasks, seeds = cfg.eval_tasks, cfg.seeds
+    and the verdicts over seeds (``seed_iqm``, ``seed_verdicts``, ``null_check``), all read over the first ``seeds``
+    seeds (default ``cfg.seeds``; an interim report reads the seeds complete so far: :func:`complete_seeds`)."""
+    n_tasks = cfg.eval_tasks
+    seeds = cfg.seeds if seeds is None else seeds
+    rows = [r for r in rows if r["seed"] < seeds]
     schemes = [FROZEN, *cfg.schemes]
     final: list[dict[str, Any]] = []
     mats: dict[tuple[str, str, str], np.ndarray] = {}
@@ -256,7 +259,7 @@ def analyse(
                 ret=float(np.mean([r["return"] for r in sub])),
             )
         )
-    training = training_curves(runs_dir, cfg)
+    training = training_curves(runs_dir, cfg, seeds)
     # the verdicts over seeds: one score per run, its held-out success (the mean over the tasks of its evaluation)
     readings = {
         accounting: {
@@ -276,6 +279,18 @@ def analyse(
         mechanism=mechanism(training, cfg.schemes),
         **seed_tables({a: by for a, by in readings.items() if by}),
     )
+
+
+def complete_seeds(expected: Sequence[tuple[str, int, int]], done: set[tuple[str, int, int]]) -> int:
+    """How many seeds, counted from seed 0, have every expected (scheme, seed, stage) evaluation in ``done``: the
+    runs go seed-major, so at any stop seeds 0 … k−1 hold complete seed-paired comparisons of every scheme."""
+    seeds = sorted({seed for _, seed, _ in expected})
+    k = 0
+    for seed in seeds:
+        if any(key not in done for key in expected if key[1] == seed):
+            break
+        k += 1
+    return k
 
 
 def headroom(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -309,4 +324,13 @@ def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["ACCOUNTINGS", "accounting_stage", "acceptance", "analyse", "detectable", "outcome_matrix", "paired_row"]
+__all__ = [
+    "ACCOUNTINGS",
+    "accounting_stage",
+    "acceptance",
+    "analyse",
+    "complete_seeds",
+    "detectable",
+    "outcome_matrix",
+    "paired_row",
+]

@@ -52,7 +52,7 @@ LLM_EXPERIMENT_TEAM = LLMTeamConfig(
 # (k3), 0.54 δ; δ = 0.002 puts that update above the budget, so the trust region binds on a share of the updates
 # (measured per scheme in updates.csv and the report) without clamping every one of them. It is the same for every
 # scheme; lr 10⁻³ with δ = 0.02 at temperature 1 collapsed the sampled success to 0 within three stages
-# (docs/results/finetune-summary.md).
+# (docs/results/finetune-v1-summary.md).
 LLM_EXPERIMENT_TRAINER = TeamTRConfig(
     num_stages=4, batch_size=16, num_epochs=2, num_minibatches=2, lr=3e-4, delta=0.002, old_logprobs="behaviour"
 )

@@ -350,17 +350,29 @@ def _seed_text(row: Mapping[str, Any]) -> str:
     return f"{' / '.join(f'{100 * v:+.1f}' for v in d)} points ({agree}), p over seeds {pval(row['p_seeds'])}"
 
 
-def _interim(missing: Sequence[tuple[str, int, int]]) -> list[str]:
+def _interim(missing: Sequence[tuple[str, int, int]], seeds_read: int, seeds: int) -> list[str]:
     if not missing:
         return []
     by: dict[str, list[str]] = {}
     for scheme, seed, stage in missing:
         by.setdefault(scheme, []).append(f"seed {seed} stage {stage}")
     listed = "; ".join(f"{scheme}: {', '.join(keys)}" for scheme, keys in by.items())
+    if seeds_read < seeds:
+        read = (
+            f"Every table below reads seed{'s 0–' if seeds_read > 1 else ' '}{seeds_read - 1} only, "
+            f"the seed{'s' if seeds_read > 1 else ''} every scheme has completed (the runs go seed-major), so each "
+            f"comparison is paired over {seeds_read} of the {seeds} seeds"
+            + (
+                ": one seed is one run, from which nothing about a training procedure can be inferred"
+                if seeds_read == 1
+                else ""
+            )
+        )
+    else:
+        read = "Every table below holds only the comparisons whose evaluations are complete for every seed"
     return [
         f"**Interim report: {len(missing)} evaluation{' is' if len(missing) == 1 else 's are'} not in yet** "
-        f"({listed}). Every table below holds only "
-        "the comparisons whose evaluations are complete for every seed; rerun the same command to continue.",
+        f"({listed}). {read}; rerun the same command to continue.",
         "",
     ]
 
@@ -429,14 +441,16 @@ def summary_sections(
     tables: dict[str, list[dict[str, Any]]],
     seconds: float | None,
     missing: Sequence[tuple[str, int, int]] = (),
+    seeds_read: int | None = None,
 ) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
-    yet), final, mechanism (what the trust region and the clip did), seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
+    yet; ``seeds_read``: the seeds its tables read, when fewer than ``cfg.seeds``), final, mechanism (what the trust region and the clip did), seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
     figures = ["![held-out success and training reward against sampled episodes](learning_curves.png)", ""]
     if tables.get("seed_verdicts"):
         figures += ["![teamtr − each scheme over seeds, 95% intervals; filled: the primary family](verdicts.png)", ""]
     return {
-        "setting": _setting(cfg, seconds) + _interim(missing),
+        "setting": _setting(cfg, seconds)
+        + _interim(missing, cfg.seeds if seeds_read is None else seeds_read, cfg.seeds),
         "findings": findings_section(
             findings(cfg, tables),
             "Generated from the tables below. A run is the unit: the declared primary family (teamtr − naive, "

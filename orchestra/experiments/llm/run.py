@@ -157,7 +157,7 @@ def run_llm_experiment(
         ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (appending schemes is allowed:
             :func:`check_stored_config`).
     """
-    from orchestra.experiments.llm.analysis import analyse
+    from orchestra.experiments.llm.analysis import analyse, complete_seeds
     from orchestra.experiments.llm.report import plot, summary_sections
     from orchestra.teamtr.llm import LLMTeam
     from orchestra.teamtr.trainer import train
@@ -228,10 +228,16 @@ def run_llm_experiment(
                 record(scheme, seed, stage, evaluate(team, tasks, cfg), log)
             talk(f"llm {scheme} seed {seed}: done in {time.perf_counter() - t_run:.0f} s")
             del team
-    tables = analyse(cfg, rows, out / "runs")
-    plot(cfg, rows, tables, out)
-    missing = [key for key in expected_evaluations(cfg) if key not in done]
-    sections = summary_sections(cfg, tables, time.perf_counter() - t0 if play else None, missing=missing)
+    expected = expected_evaluations(cfg)
+    missing = [key for key in expected if key not in done]
+    # an interim report reads the seeds every scheme has completed (or, before seed 0 is complete, all of them,
+    # where only the frozen team's comparisons can be whole)
+    read = (complete_seeds(expected, done) or cfg.seeds) if missing else cfg.seeds
+    tables = analyse(cfg, rows, out / "runs", seeds=read)
+    plot(cfg, [r for r in rows if r["seed"] < read], tables, out)
+    sections = summary_sections(
+        cfg, tables, time.perf_counter() - t0 if play else None, missing=missing, seeds_read=read
+    )
     return finish(out, tables, sections, nan="nan")
 
 
