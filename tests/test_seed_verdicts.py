@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestra.experiments.verdicts import null_pair, null_status, seed_tables, verdict_section
+from orchestra.experiments.verdicts import null_pair, null_status, seed_tables, verdict_findings, verdict_section
 from orchestra.report.seeds import (
     disjoint_halves,
     iqm,
@@ -43,7 +43,8 @@ def test_paired_seeds_by_hand() -> None:
     # no spread, or a single seed: no interval, no test
     flat = paired_seeds({0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0})
     assert flat.diff == 1.0 and flat.lo == flat.hi == 1.0 and math.isnan(flat.p) and math.isnan(flat.mde)
-    assert math.isnan(paired_differences([0.3])[3])
+    one = paired_differences([0.3])  # one seed: the difference, no interval, no test
+    assert one[0] == 0.3 and all(math.isnan(v) for v in one[1:])
 
 
 def test_minimum_detectable_effect_has_the_stated_power() -> None:
@@ -78,8 +79,8 @@ def test_iqm_and_its_stratified_bootstrap() -> None:
     assert ci.lo < ci.point < ci.hi
     same = iqm_interval([0.7, 0.7, 0.7, 0.7])
     assert same.point == same.lo == same.hi == pytest.approx(0.7)
-    one = iqm_interval([0.3])
-    assert one.lo == one.hi == 0.3
+    one = iqm_interval([0.3])  # one run: its score, no interval
+    assert one.point == 0.3 and math.isnan(one.lo) and math.isnan(one.hi)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -187,6 +188,25 @@ def test_a_failing_null_check_refuses_the_verdicts() -> None:
     assert {r["verdict"] for r in tables["seed_verdicts"]} == {"refused"}
     text = "\n".join(verdict_section(tables, lambda v: f"{v:+.3f}", "its J", str))
     assert "**Null check: FAILS.**" in text and "**Verdicts refused: the null check FAILS.**" in text
+
+
+def test_one_seed_gives_differences_and_no_verdict() -> None:
+    """A run stopped after seed 0: every comparison is a difference with no interval and no test, and the findings
+    say so in one sentence that quotes each difference from the table (no interval of zero width)."""
+    from orchestra.report.findings import check_findings, findings_section
+
+    one = {acc: {c: {0: by[c][0]} for c in by} for acc, by in _readings(shift=0.05).items()}
+    tables = seed_tables(one)
+    assert {r["verdict"] for r in tables["seed_verdicts"]} == {"not testable"}
+    assert all(math.isnan(r["lo"]) and math.isnan(r["hi"]) for r in tables["seed_verdicts"])
+    assert all(math.isnan(r["lo"]) for r in tables["seed_iqm"])
+    fmt = lambda v: "—" if math.isnan(v) else f"{v:+.3f}"  # noqa: E731
+    found = verdict_findings(tables, fmt, str)
+    (untestable,) = [f for f in found if "not testable" in f.text]
+    assert untestable.text.startswith("not testable over 1 seed (") and "so no verdict" in untestable.text
+    assert len(untestable.cites) == len([r for r in tables["seed_verdicts"] if not r["same_as"]])
+    page = "\n".join(["# p", "", *findings_section(found), *verdict_section(tables, fmt, "its J", str)])
+    assert check_findings(page, found) == [] and "| [—, —] |" in page
 
 
 def test_null_pair_prefers_naive_and_joint_indep() -> None:

@@ -356,8 +356,26 @@ def verdict_findings(
                 "halves): the verdicts are unchecked."
             )
         )
+    untestable = [r for r in rows if not r["same_as"] and r["verdict"] == "not testable"]
+    if untestable:
+        # too few seeds (or no spread) for an interval: the differences as they are, in one sentence, no verdict
+        seeds = sorted({int(r["seeds"]) for r in untestable})
+        parts, cites = [], []
+        for r in untestable:
+            comparison, d = f"{r['scheme']} − {r['vs']}", fmt(r["diff"])
+            parts.append(f"{comparison} {d} at {accounting_text(r['accounting'])}")
+            cites.append(Cite((accounting_text(r["accounting"]), comparison), d))
+        out.append(
+            Finding(
+                f"{prefix}not testable over {' or '.join(map(str, seeds))} seed{'s' if seeds != [1] else ''} (an "
+                "interval and a test need at least 2 seeds with spread), so no verdict: " + "; ".join(parts) + ".",
+                tuple(cites),
+            )
+        )
     for r in rows:
-        if r["same_as"] or (r["family"] == "secondary" and r["verdict"] == "no difference shown"):
+        if r["same_as"] or r["verdict"] == "not testable":
+            continue
+        if r["family"] == "secondary" and r["verdict"] == "no difference shown":
             continue
         acc = accounting_text(r["accounting"])
         comparison = f"{r['scheme']} − {r['vs']}"

@@ -80,14 +80,14 @@ def iqm_interval(
     seed: int = 0,
 ) -> Interval:
     """IQM over runs and its stratified percentile bootstrap interval (module docstring). ``scores``: (runs, tasks),
-    or one score per run. A single run gives a point."""
+    or one score per run. A single run gives a point and no interval (nan): nothing to resample."""
     x = np.asarray(scores, dtype=np.float64)
     x = x.reshape(-1, 1) if x.ndim == 1 else x
     if x.size == 0:
         return Interval(math.nan, math.nan, math.nan)
     point = iqm(x)
     if x.shape[0] < 2:
-        return Interval(point, point, point)
+        return Interval(point, math.nan, math.nan)
     boot = stratified_resamples(x, reps, np.random.default_rng(seed))
     stats = sps.trim_mean(boot.reshape(reps, -1), IQM_CUT, axis=1)  # (reps,)
     lo, hi = (float(v) for v in np.quantile(stats, [alpha / 2, 1 - alpha / 2]))
@@ -141,8 +141,10 @@ def paired_differences(
     if x.size == 0:
         return (math.nan, math.nan, math.nan, math.nan, math.nan)
     mean = float(x.mean())
-    if x.size < 2 or np.ptp(x) == 0:
-        return (mean, mean, mean, math.nan, 0.0 if x.size > 1 else math.nan)
+    if x.size < 2:  # one seed: a difference, no interval and no test
+        return (mean, math.nan, math.nan, math.nan, math.nan)
+    if np.ptp(x) == 0:  # every seed the same difference: the interval collapses to it, no test
+        return (mean, mean, mean, math.nan, 0.0)
     res = sps.ttest_1samp(x, 0.0)
     ci = res.confidence_interval(1 - alpha)
     return (mean, float(ci.low), float(ci.high), float(res.pvalue), float(x.std(ddof=1)))

@@ -537,7 +537,7 @@ def plot(
                 for label, d, lo, hi, primary, vs in interval_rows(tables, _acc_short)
             ],
             out / "verdicts.png",
-            "teamtr − scheme, held-out success in points (mean over seeds, 95% t interval)",
+            "teamtr − scheme, held-out success (points; mean over seeds, 95% t interval)",
             "filled: the primary family (Holm); hollow: secondary",
         )
 
