@@ -16,7 +16,9 @@
 7. **Report**: results, the oracle router over the menu (in-sample, and picked on the replicate run: the
    capturable headroom and the luck component apart), headroom and captured fraction, paired tests
    against the best fixed schedule, the LLM-required subset, the cost–quality plane, FQE selection,
-   distilled rules, and the power of the test at this sample size.
+   distilled rules, and the power of the test at this sample size; built from ``report/inputs`` (the slim test
+   episodes and what the stages above decided, :mod:`orchestra.jobs.phase1_inputs`), which it writes first, so
+   ``orchestra reproduce conductor --report-only`` rebuilds the same report from those inputs alone.
 
 ``orchestra demo`` runs it at demo scale; ``orchestra reproduce conductor`` at the scale docs/results/conductor-summary.md
 quotes. Every stage writes into one run directory and a rerun continues where a killed one stopped
