@@ -437,6 +437,16 @@ def test_resume_from_published_tables_keeps_complete_runs_and_reruns_a_cut_one(s
     run_llm_experiment(SMOKE, out, say=said.append)
     played = [s.split(":")[0] for s in said if "held-out success" in s]
     assert played and all(s.startswith("llm naive seed 0") for s in played)  # teamtr and frozen not played again
+    # publishing with the config copies only complete runs' tables, and drops a run an earlier publish left
+    import shutil
+
+    cut = tmp_path / "cut"
+    shutil.copytree(smoke_dir, cut, ignore=shutil.ignore_patterns("checkpoints", "*.pt"))
+    (cut / "evals.csv").write_text("".join(lines[: -SMOKE.eval_tasks]))
+    everything = publish_tables(cut, tmp_path / "partial")  # without the config: every run directory's tables
+    assert sorted(p.name for p in (everything / "runs").iterdir()) == ["naive-seed0", "teamtr-seed0"]
+    partial = publish_tables(cut, tmp_path / "partial", SMOKE)
+    assert sorted(p.name for p in (partial / "runs").iterdir()) == ["teamtr-seed0"]
 
     def outcomes(d: Path) -> list[tuple[Any, ...]]:  # every column but the wall time
         return sorted(

@@ -142,7 +142,7 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
     if job.tables:
         from orchestra.experiments.llm.run import publish_tables
 
-        publish_tables(job.out, job.tables)
+        publish_tables(job.out, job.tables, job.experiment)
     if job.report:
         publish(result.summary, Path(job.report))
     return result

@@ -245,17 +245,26 @@ def run_llm_experiment(
 RUN_TABLES = ("config.json", "updates.csv", "stages.csv")
 
 
-def publish_tables(out_dir: str | Path, dest: str | Path) -> Path:
+def publish_tables(out_dir: str | Path, dest: str | Path, cfg: LLMExperimentConfig | None = None) -> Path:
     """Copy the experiment's tables out of ``out_dir`` into ``dest`` without the checkpoints: ``config.json``,
     ``evals.csv`` and each run's :data:`RUN_TABLES`, so that ``orchestra experiment llm --report-only --out DEST``
-    writes the same report on a fresh clone (the tables ship in git; the checkpoints, hundreds of MB, do not)."""
+    writes the same report on a fresh clone (the tables ship in git; the checkpoints, hundreds of MB, do not). With
+    ``cfg``, only the runs whose every evaluation is in (:func:`complete_runs`): a run still training is left out
+    (and one an earlier publish left is removed), so what is committed does not change under a run in progress."""
     import shutil
+
+    from orchestra.experiments.harness import read_rows
 
     src, dst = Path(out_dir), Path(dest)
     dst.mkdir(parents=True, exist_ok=True)
     for name in (CONFIG_FILE, "evals.csv"):
         shutil.copyfile(src / name, dst / name)
+    keep = None if cfg is None else complete_runs(cfg, read_rows(src / "evals.csv", EVAL_COLUMNS))
     for run in sorted(p for p in (src / "runs").glob("*-seed*") if p.is_dir()):
+        scheme, _, seed = run.name.rpartition("-seed")
+        if keep is not None and (scheme, int(seed)) not in keep:
+            shutil.rmtree(dst / "runs" / run.name, ignore_errors=True)
+            continue
         (dst / "runs" / run.name).mkdir(parents=True, exist_ok=True)
         for name in RUN_TABLES:
             if (run / name).exists():
