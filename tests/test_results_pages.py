@@ -50,7 +50,7 @@ def test_the_committed_chain_page_regenerates_from_its_run_directories(tmp_path:
     assert len(found) >= 4 and all((page.parent / f"teamtr_curves_{name}.png").exists() for name, _ in runs)
 
 
-@pytest.mark.parametrize("stem", ["conductor-priced"])
+@pytest.mark.parametrize("stem", ["conductor", "conductor-priced"])
 def test_a_committed_phase1_page_regenerates_from_its_committed_inputs(stem: str, tmp_path: Path) -> None:
     """docs/results/STEM.md is what ``orchestra reproduce conductor --report-only --out docs/results/STEM_run --report
     docs/results/STEM.md`` writes from the committed report inputs (the slim test episodes and what the run's

@@ -165,14 +165,14 @@ def captured_text(r: HeadroomRow) -> str:
 def headroom_table_md(rows: Sequence[HeadroomRow]) -> str:
     lines = [
         "| team | tasks | best fixed (validation) | its test success | best rule on test | oracle (in-sample) "
-        "| oracle (replicate) | capturable (pts) | luck (pts) | learner | success (mean ± sd) | captured (mean ± sd) "
-        "| seeds |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| headroom (pts) | oracle (replicate) | capturable (pts) | luck (pts) | learner | success (mean ± sd) "
+        "| captured (mean ± sd) | seeds |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r.team} | {r.tasks} | {r.best_fixed} | {100 * r.best_fixed_success:.1f}% | {r.best_on_test} "
-            f"({100 * r.best_on_test_success:.1f}%) | {100 * r.oracle_success:.1f}% | "
+            f"({100 * r.best_on_test_success:.1f}%) | {100 * r.oracle_success:.1f}% | {_pts(r.headroom)} | "
             f"{_pct(r.replicate_oracle_success)} | {_pts(r.capturable)} | {_pts(r.luck)} "
             f"| {r.learner} | {100 * r.learner_success_mean:.1f}% ± {100 * r.learner_success_sd:.1f} "
             f"| {captured_text(r)} | {r.seeds} |"
