@@ -24,7 +24,8 @@ HTML_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"", re.I)
 def markdown_files(root: Path = ROOT) -> list[Path]:
     """The README and every page under docs/ but those git ignores (a report a command derives into a committed run
     directory, e.g. docs/results/finetune_run/summary.md, is output, not a page)."""
-    return [root / "README.md", *sorted(p for p in (root / "docs").rglob("*.md") if p.resolve() not in _ignored(root))]
+    ignored = _ignored(root)  # one git call, not one per page
+    return [root / "README.md", *sorted(p for p in (root / "docs").rglob("*.md") if p.resolve() not in ignored)]
 
 
 def _ignored(root: Path) -> set[Path]:
