@@ -130,6 +130,18 @@ def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
     assert "Not run" in "\n".join(summary_sections(replace(cfg, null_check=False), off, analyse(off))["null"])
 
 
+def test_steps_without_signal_are_counted_and_named(cfg: LLMFreshnessConfig) -> None:
+    rows = [dict(_row(p, 0.0, 0.0), kl_stale=2e-3, kl_null_a=2e-3, kl_null_b=2e-3, kl_fresh=2e-3) for p in range(4)]
+    moved = summary_sections(cfg, rows, analyse(rows))
+    assert "Steps without signal" not in "\n".join(moved["not_shown"])
+    assert "| fresh (F) | 0.0020 | 0.00 | 0% | 0% |" in moved["gap"]
+    rows[1]["kl_fresh"], rows[3]["kl_fresh"] = 1.2e-11, 0.0  # round-off of a step on all-zero advantages
+    c = analyse(rows)["result"][0]
+    assert c["still_fresh"] == 0.5 and c["still_stale"] == 0.0
+    text = "\n".join(summary_sections(cfg, rows, {"result": [c]})["not_shown"])
+    assert "did not move in 50% of the fresh arms and 0% of the stale arms" in text
+
+
 def test_smoke_run_resume_extension_and_another_config(cfg: LLMFreshnessConfig, tmp_path: Path) -> None:
     out = tmp_path / "fresh"
     lines: list[str] = []

@@ -15,7 +15,14 @@ import pytest
 from scipy import stats as sps
 
 from orchestra.experiments.harness import read_rows
-from orchestra.experiments.llm.analysis import acceptance, analyse, complete_seeds, paired_row
+from orchestra.experiments.llm.analysis import (
+    acceptance,
+    analyse,
+    complete_seeds,
+    mechanism,
+    paired_row,
+    update_mechanism,
+)
 from orchestra.experiments.llm.config import LLMExperimentConfig
 from orchestra.experiments.llm.report import findings, summary_sections
 from orchestra.experiments.llm.run import (
@@ -225,6 +232,7 @@ def test_findings_quote_the_tables_below_them(tmp_path: Path) -> None:
             agent_updates=24,
             steps_per_update=3.25,
             acted_share=0.375,
+            still_share=0.0,
             kl_over_delta=0.8,
             step_clip_fraction=0.01,
         ),
@@ -233,6 +241,7 @@ def test_findings_quote_the_tables_below_them(tmp_path: Path) -> None:
             agent_updates=48,
             steps_per_update=4.0,
             acted_share=0.0625,
+            still_share=0.125,
             kl_over_delta=0.3,
             step_clip_fraction=0.0,
         ),
@@ -240,7 +249,9 @@ def test_findings_quote_the_tables_below_them(tmp_path: Path) -> None:
     page = "\n".join(line for sec in summary_sections(cfg, tables, 0.0).values() for line in sec)
     got = findings(cfg, tables)
     texts = [f.text for f in got]
-    assert "3.25 steps per update, the trust region acting in 38% of updates" in texts[0]
+    assert "3.25 steps per update, the trust region acting in 38% of updates;" in texts[0]  # no still update
+    assert "6% of updates, 12% of updates without learning signal (the agent did not move)" in texts[0]
+    assert "| naive | 48 | 4.00 | 6% | 12% | 0.30 |" in page
     assert any("the null check passes" in t for t in texts)  # naive: noise around the frozen team, halved
     primary = next(
         t for t in texts if "teamtr − naive" in t and t.startswith("Held-out success in points, equal stages")
@@ -627,3 +638,21 @@ def test_a_scheme_appended_to_a_finished_run_keeps_every_evaluation(smoke_dir: P
     missing = ", ".join(f"seed 0 stage {k}" for k in more.eval_stages("stale_indep")[1:])
     assert f"Interim report: 4 evaluations are not in yet** (stale_indep: {missing})" in result.summary.read_text()
     assert json.loads((copy / "config.json").read_text())["schemes"] == [*SMOKE.schemes, "stale_indep"]
+
+
+def test_update_mechanism_counts_an_update_that_did_not_move() -> None:
+    def agent(name: str, kl: float, acted: float) -> dict[str, str]:
+        return {f"agent/{name}/kl_trust": str(kl), f"agent/{name}/delta": "0.002", f"agent/{name}/optimizer_steps": "4",
+                f"agent/{name}/trust_region_acted": str(acted), f"agent/{name}/step_clip_fraction": "0.0"}  # fmt: skip
+
+    both = update_mechanism({**agent("solver", 2e-3, 1.0), **agent("critic", 1.2e-11, 0.0)}, ("solver", "critic"))
+    assert both["agents"] == 2 and both["still"] == 1 and both["acted"] == 1 and both["steps"] == 8
+    one = update_mechanism(agent("solver", 1e-3, 0.0), ("solver", "critic"))  # the critic not updated here
+    assert one["agents"] == 1 and one["still"] == 0 and one["kl_over_delta"] == 0.5
+    rows = [dict(scheme="teamtr", **both), dict(scheme="teamtr", **one)]
+    (m,) = mechanism(rows, ["teamtr", "naive"])
+    assert (
+        m["agent_updates"] == 3
+        and m["still_share"] == pytest.approx(1 / 3)
+        and m["acted_share"] == pytest.approx(1 / 3)
+    )

@@ -33,6 +33,11 @@ Sections = dict[str, list[str]]  # summary.md as named sections of markdown line
 Say = Callable[[str], None]  # where progress lines go
 K = TypeVar("K")  # a cell's key in the rows file
 
+# an update whose realised per-token KL is below this left the worker where it was: a batch without learning signal
+# (every group's rewards tied, so every advantage 0) moves the adapters by float round-off only (measured ~1e-11 on
+# the LLM team), a step with signal by about δ (1e-3)
+STILL_KL = 1e-8
+
 # ----------------------------------------------------------------------------------------------------------------
 # the accountings
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestra.experiments.freshness.analysis import holm, null_check_passes, paired_summary, verdict
-from orchestra.experiments.harness import Sections, Tables, cell, pval
+from orchestra.experiments.harness import STILL_KL, Sections, Tables, cell, pval
 
 if TYPE_CHECKING:
     from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
@@ -63,6 +63,8 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
     keys = ["rows_changed", "adv_gap", "reward_stale", "reward_fresh", "upstream_kl", "upstream_steps"]
     keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
     c.update({k: mean(k) for k in keys})
+    for arm in ARM_NAMES:  # the share of pairs whose update left the worker where it was: no learning signal
+        c[f"still_{arm}"] = float(np.mean([r[f"kl_{arm}"] < STILL_KL for r in rs]))
     c["seconds"] = float(np.sum([r["seconds"] for r in rs]))
     return {"result": [c]}
 
@@ -170,15 +172,18 @@ def summary_sections(
         f"upstream update(s): KL {c['upstream_kl']:.4f} per token, {c['upstream_steps']:.2f} optimizer steps, the "
         f"trust region acted in {c['upstream_acted']:.0%} of them.",
         "",
-        f"| arm | the {last}'s step KL | optimizer steps | TR acted |",
-        "|---|---|---|---|",
+        f"| arm | the {last}'s step KL | optimizer steps | TR acted | did not move |",
+        "|---|---|---|---|---|",
         *[
-            f"| {ARM_NAMES[a]} | {cell(c[f'kl_{a}'], 4)} | {c[f'steps_{a}']:.2f} | {c[f'acted_{a}']:.0%} |"
+            f"| {ARM_NAMES[a]} | {cell(c[f'kl_{a}'], 4)} | {c[f'steps_{a}']:.2f} | {c[f'acted_{a}']:.0%} "
+            f"| {c[f'still_{a}']:.0%} |"
             for a in arms
         ],
         "",
         "KL: the realised per-token KL(π_old ‖ π_new) on the update's own batch (the trust region's measure); TR "
-        "acted: the share of pairs in which the backtracking shortened or reverted a step.",
+        "acted: the share of pairs in which the backtracking shortened or reverted a step; did not move: the share "
+        f"of pairs in which the step left the {last} where it was (KL < {STILL_KL:g}: every group's rewards tied, so every "
+        "advantage was 0 and the batch carried no learning signal).",
         "",
     ]
     s["not_shown"] = [
@@ -193,6 +198,17 @@ def summary_sections(
         f"- **Greedy play of {cfg.eval_tasks} fixed tasks.** Success is read on the same held-out tasks and "
         "episode seeds in every arm; a difference smaller than one task per pair is invisible, and another "
         "decoding or task set may read otherwise.",
+        *(
+            [
+                f"- **Steps without signal.** The {last} did not move in {c['still_fresh']:.0%} of the fresh arms "
+                f"and {c['still_stale']:.0%} of the stale arms (mean reward S {c['reward_stale']:.3f}, F "
+                f"{c['reward_fresh']:.3f}): at this success rate a batch of {tr.batch_size} episodes often has every "
+                "group's rewards tied, and fresh − stale then compares a step with no step. That is what freshness "
+                "does at this batch size, not a measure of fresher gradients."
+            ]
+            if c["still_fresh"] > 0 or c["still_stale"] > 0
+            else []
+        ),
         f"- **{len(rows)} pairs.** A no-difference reading holds down to its MDE only: it is not evidence that "
         "freshness never matters.",
         "",

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestra.experiments.harness import STILL_KL
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.experiments.verdicts import seed_tables
 
@@ -138,13 +139,15 @@ def training_curves(runs_dir: Path, cfg: LLMExperimentConfig, seeds: int | None 
     return out
 
 
-MECHANISM_FIELDS = ("agents", "steps", "acted", "kl_over_delta", "step_clip")
+MECHANISM_FIELDS = ("agents", "steps", "acted", "still", "kl_over_delta", "step_clip")
 
 
 def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[str, float]:
     """What the trust region and the clip did in one update (a row of a run's ``updates.csv``), summed over the
     agents it updated: ``agents`` updated, optimizer ``steps`` kept, agents whose trust region ``acted`` (a step
-    shortened or reverted, or the KL penalty on), ``kl_over_delta`` (the realised KL estimate / δ) and
+    shortened or reverted, or the KL penalty on), agents ``still`` after it (realised KL below
+    :data:`~orchestra.experiments.harness.STILL_KL`: a batch without learning signal), ``kl_over_delta`` (the
+    realised KL estimate / δ) and
     ``step_clip`` (the clip fraction of the losses the steps were taken on). NaN where the run predates a column."""
 
     def num(key: str) -> float:
@@ -156,6 +159,7 @@ def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[
         agents=float(len(names)),
         steps=sum(num(f"agent/{w}/optimizer_steps") for w in names),
         acted=sum(num(f"agent/{w}/trust_region_acted") for w in names),
+        still=float(sum(num(f"agent/{w}/kl_trust") < STILL_KL for w in names)),
         kl_over_delta=sum(num(f"agent/{w}/kl_trust") / num(f"agent/{w}/delta") for w in names),
         step_clip=sum(num(f"agent/{w}/step_clip_fraction") for w in names),
     )
@@ -163,7 +167,8 @@ def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[
 
 def mechanism(training: Sequence[dict[str, Any]], schemes: Sequence[str]) -> list[dict[str, Any]]:
     """Per scheme, over every agent-update of every seed: steps per update, the share of updates in which the trust
-    region acted, the mean realised KL / δ and the mean clip fraction during the steps."""
+    region acted, the share that left the agent where it was (no learning signal), the mean realised KL / δ and the
+    mean clip fraction during the steps."""
     out = []
     for scheme in schemes:
         rows = [r for r in training if r["scheme"] == scheme and r.get("agents", 0) > 0]
@@ -176,6 +181,7 @@ def mechanism(training: Sequence[dict[str, Any]], schemes: Sequence[str]) -> lis
                 agent_updates=int(n),
                 steps_per_update=sum(r["steps"] for r in rows) / n,
                 acted_share=sum(r["acted"] for r in rows) / n,
+                still_share=sum(r["still"] for r in rows) / n,
                 kl_over_delta=sum(r["kl_over_delta"] for r in rows) / n,
                 step_clip_fraction=sum(r["step_clip"] for r in rows) / n,
             )

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.experiments.harness import FULL_VOLUME, Sections, cell, pval
+from orchestra.experiments.harness import FULL_VOLUME, STILL_KL, Sections, cell, pval
 from orchestra.experiments.llm.analysis import ACCOUNTINGS, acceptance
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.experiments.verdicts import interval_rows, null_status, verdict_findings, verdict_section
@@ -386,20 +386,22 @@ def _mechanism(cfg: LLMExperimentConfig, table: Sequence[Mapping[str, Any]]) -> 
         f"Per scheme, over every agent-update of every seed. An update takes up to {t.num_epochs} epoch(s) × "
         f"{t.num_minibatches} minibatch(es) = {t.num_epochs * t.num_minibatches} optimizer steps; the trust region "
         f"({t.trust_region}, δ = {t.delta} per token) *acted* when it shortened or reverted a step (or its penalty "
-        "was on); KL / δ is the realised per-token KL of the kept step against the budget; the clip fraction is the "
-        "PPO clip's share of tokens in the losses the steps were taken on.",
+        "was on); *did not move*: the update left the agent where it was (realised KL < "
+        f"{STILL_KL:g}: every group's rewards in its batch tied, so no learning signal); KL / δ is the realised "
+        "per-token KL of the kept step against the budget; the clip fraction is the PPO clip's share of tokens in "
+        "the losses the steps were taken on.",
         "",
     ]
     if not table:
         return [*lines, "No update recorded yet.", ""]
     lines += [
-        "| scheme | agent-updates | steps / update | trust region acted | KL / δ | clip during steps |",
-        "|---|---|---|---|---|---|",
+        "| scheme | agent-updates | steps / update | trust region acted | did not move | KL / δ | clip during steps |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in table:
         steps, acted = _mechanism_cells(r)
         lines.append(
-            f"| {r['scheme']} | {r['agent_updates']} | {steps} | {acted} | "
+            f"| {r['scheme']} | {r['agent_updates']} | {steps} | {acted} | {r['still_share']:.0%} | "
             f"{cell(r['kl_over_delta'], 2)} | {100 * r['step_clip_fraction']:.2f}% |"
         )
     return [*lines, ""]
@@ -420,9 +422,13 @@ def findings(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
     parts, cites = [], []
     for r in tables["mechanism"]:
         steps, acted = _mechanism_cells(r)
-        parts.append(f"{r['scheme']} {steps} steps per update, the trust region acting in {acted} of updates")
+        still = f"{r['still_share']:.0%}"
+        parts.append(
+            f"{r['scheme']} {steps} steps per update, the trust region acting in {acted} of updates"
+            + (f", {still} of updates without learning signal (the agent did not move)" if r["still_share"] else "")
+        )
         keys = (str(r["scheme"]), str(r["agent_updates"]))
-        cites += [Cite(keys, steps), Cite(keys, acted)]
+        cites += [Cite(keys, steps), Cite(keys, acted), *([Cite(keys, still)] if r["still_share"] else [])]
     if parts:
         out.append(
             Finding(
