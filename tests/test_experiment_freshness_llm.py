@@ -166,6 +166,24 @@ def test_smoke_run_resume_extension_and_another_config(cfg: LLMFreshnessConfig, 
     assert read_rows(out / "pairs.csv", PAIR_COLUMNS)[:2] == rows and more.tables["result"][0]["pairs"] == 3
     with pytest.raises(ConfigMismatchError, match="eval_tasks"):
         run_llm_freshness_experiment(replace(cfg, eval_tasks=5), out, say=lambda _: None)
+    # --report-only: nothing played, pairs.csv and config.json untouched, interim while pairs are missing
+    before = {f: (out / f).read_bytes() for f in ("pairs.csv", "config.json")}
+    lines.clear()
+    interim = run_llm_freshness_experiment(replace(cfg, pairs=5), out, say=lines.append, play=False)
+    assert lines == [] and {f: (out / f).read_bytes() for f in before} == before
+    page = interim.summary.read_text()
+    assert "**Interim: 3 of 5 pairs are in.**" in page and "this invocation" not in page
+    assert interim.tables["result"][0]["pairs"] == 3
+    done = run_llm_freshness_experiment(replace(cfg, pairs=3), out, play=False).summary.read_text()
+    assert (
+        "Interim" not in done
+        and done == run_llm_freshness_experiment(replace(cfg, pairs=3), out, play=False).summary.read_text()
+    )
+    with pytest.raises(ConfigMismatchError, match="eval_tasks"):
+        run_llm_freshness_experiment(replace(cfg, eval_tasks=5), out, play=False)
+    with pytest.raises(ValueError, match="config.json: not found"):
+        run_llm_freshness_experiment(cfg, tmp_path / "nothing", play=False)
+    assert not (tmp_path / "nothing").exists()
 
 
 def test_cli_freshness_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,6 +196,12 @@ def test_cli_freshness_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     rows = read_rows(report.with_suffix(".csv"), PAIR_COLUMNS)
     assert [r["pair"] for r in rows] == [0, 1] and all(math.isnan(r["success_null_a"]) for r in rows)
     assert "Not run" in report.read_text() and "lr 0.02" in report.read_text()
+    # the page alone, from the run directory: the same page, no copy of the rows beside it
+    page = tmp_path / "page" / "fresh.md"
+    assert main([*args, "--out", str(tmp_path / "run"), "--report", str(page), "--report-only", "--quiet"]) == 0
+    got, want = page.read_text().splitlines(), report.read_text().splitlines()
+    assert got[3:] == want[3:] and "this invocation" in want[2] and "this invocation" not in got[2]
+    assert not page.with_suffix(".csv").exists()
     # another config in the same directory is refused with the field named
     assert main([*args, "--eval-tasks", "3", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     assert "eval_tasks" in capsys.readouterr().err

@@ -97,3 +97,27 @@ def test_the_committed_llm_page_regenerates_from_its_committed_tables(tmp_path: 
     found = findings(LLMExperimentConfig(), result.tables)
     assert found and check_findings(page, found) == []
     assert page.index("## Findings") < page.index("## Held-out success") and "(finetune_curves.png)" in page
+
+
+def test_the_committed_llm_freshness_page_regenerates_from_its_pairs(tmp_path: Path) -> None:
+    """docs/results/freshness-llm.md is what ``orchestra experiment freshness-llm --report-only --out
+    docs/results/freshness_llm_run --report docs/results/freshness-llm.md`` writes from the committed pairs (interim
+    while fewer than the run's pairs are in)."""
+    import shutil
+
+    from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
+    from orchestra.experiments.freshness.llm_run import run_llm_freshness_experiment
+
+    run = ROOT / "docs" / "results" / "freshness_llm_run"
+    for name in ("config.json", "pairs.csv"):
+        (tmp_path / "run").mkdir(exist_ok=True)
+        shutil.copyfile(run / name, tmp_path / "run" / name)
+    result = run_llm_freshness_experiment(LLMFreshnessConfig(), tmp_path / "run", play=False)
+    page = (ROOT / "docs" / "results" / "freshness-llm.md").read_text()
+    cmd = (
+        "orchestra experiment freshness-llm --report-only --out docs/results/freshness_llm_run "
+        "--report docs/results/freshness-llm.md"
+    )
+    assert result.summary.read_text() == page, f"stale: run `{cmd}`"
+    pairs = result.tables["result"][0]["pairs"]
+    assert f"| {pairs} |" in page and ("**Interim:" in page) == (pairs < LLMFreshnessConfig().pairs)

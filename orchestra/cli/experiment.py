@@ -217,6 +217,7 @@ def _experiment(p: argparse.ArgumentParser, epilog: str) -> None:
             Opt("experiment.seed", "--seed"),
             "threads",
             Opt("progress", "--quiet", help="no progress output"),
+            "report_only",
         ],
     )
     g.add_argument(
@@ -291,7 +292,8 @@ mean rewards), every update's KL, steps and trust-region action, and a null chec
 in their batch's seed must not come out different).
 
 Writes OUT/config.json, OUT/pairs.csv (one row per pair), OUT/result.csv and OUT/summary.md. Resumable (more
---pairs extend a run).
+--pairs extend a run); the same command with --report-only writes the report of the pairs there so far, marked
+interim, while the run may go on.
 """
 
 

@@ -227,10 +227,13 @@ class LLMFreshnessJob:
 
     experiment: LLMFreshnessConfig = field(default_factory=LLMFreshnessConfig)  # team, trainer, pairs, held-out tasks
     out: str = "runs/experiment_freshness_llm"  # output directory (an existing one of the same config is resumed)
-    # also write summary.md here (a page under docs/results/), and pairs.csv beside it as {stem}.csv
+    # also write summary.md here (a page under docs/results/), and pairs.csv beside it as {stem}.csv (not with
+    # --report-only: the run directory holds the rows the page reads)
     report: str | None = None
     threads: int = 0  # torch CPU threads (0 = torch's default: the physical cores)
     progress: bool = True  # the teams' progress and one line per finished pair on stderr
+    # play nothing: the report of the pairs already in OUT (interim while fewer than --pairs), OUT left as it is
+    report_only: bool = False
 
 
 def run_llm_freshness_job(job: LLMFreshnessJob) -> ExperimentResult:
@@ -242,12 +245,15 @@ def run_llm_freshness_job(job: LLMFreshnessJob) -> ExperimentResult:
 
     if job.threads:
         torch.set_num_threads(job.threads)
-    result = run_llm_freshness_experiment(job.experiment, job.out, say=stderr_say(job.progress))
+    result = run_llm_freshness_experiment(
+        job.experiment, job.out, say=stderr_say(job.progress), play=not job.report_only
+    )
     if job.report:
         report = Path(job.report)
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(result.summary.read_text())
-        shutil.copyfile(Path(job.out) / "pairs.csv", report.with_suffix(".csv"))
+        if not job.report_only:
+            shutil.copyfile(Path(job.out) / "pairs.csv", report.with_suffix(".csv"))
     return result
 
 

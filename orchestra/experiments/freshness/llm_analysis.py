@@ -95,6 +95,15 @@ def summary_sections(
         + (f", {reused} pairs reused from an earlier invocation" if reused else "")
         + ".",
         "",
+        *(
+            [
+                f"**Interim: {len(rows)} of {cfg.pairs} pairs are in.** Every figure below reads those pairs; rerun "
+                "the command under Reproduce to continue.",
+                "",
+            ]
+            if len(rows) < cfg.pairs
+            else []
+        ),
         f"Per pair: the team ({team.team}, trainable {' → '.join(workers)}; its own LoRA init); the upstream "
         f"worker(s) ({upstream}) updated on one stale batch S (naive); from the state saved right after that, the "
         f"{last} updated once on S (**stale**) and once on a batch F sampled from the updated team with S's random "

@@ -37,7 +37,15 @@ import torch
 
 from orchestra.experiments.freshness.llm_analysis import ARM_NAMES, STEP_FIELDS, analyse, summary_sections
 from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig, team_config, trainer_config
-from orchestra.experiments.harness import ExperimentResult, RowLog, Say, finish, open_run_dir, stderr_say
+from orchestra.experiments.harness import (
+    ExperimentResult,
+    RowLog,
+    Say,
+    finish,
+    open_run_dir,
+    read_rows,
+    stderr_say,
+)
 from orchestra.experiments.llm.run import evaluate, held_out_tasks
 from orchestra.teamtr.config import TeamTRConfig, seeded_generator
 from orchestra.teamtr.signals import compute_advantages
@@ -188,17 +196,22 @@ def _pair(row: dict[str, Any]) -> int:
 
 
 def run_llm_freshness_experiment(
-    cfg: LLMFreshnessConfig, out_dir: str | Path, say: Say | None = None
+    cfg: LLMFreshnessConfig, out_dir: str | Path, say: Say | None = None, *, play: bool = True
 ) -> ExperimentResult:
     """Every replicate pair; ``pairs.csv`` (one row each), the table ``result.csv`` and ``summary.md`` in
     ``out_dir``. ``say``: the teams' progress and one line per finished pair (default: stderr).
 
     Resume: if ``out_dir`` holds the same ``config.json`` (``pairs`` may differ: more pairs extend the run), the pairs
-    already in its ``pairs.csv`` are kept and only the missing ones run.
+    already in its ``pairs.csv`` are kept and only the missing ones run. ``play=False`` plays nothing and changes no
+    table: the report of the pairs already in ``out_dir`` (marked interim while fewer than ``cfg.pairs``), which
+    another process may still be extending.
 
     Raises:
         ConfigMismatchError: ``out_dir`` holds a ``config.json`` of a different config (naming every field).
+        ValueError: ``play=False`` and ``out_dir`` holds no run (naming what is missing), or a damaged ``pairs.csv``.
     """
+    if not play:
+        return _report_only(cfg, Path(out_dir))
     talk = say or stderr_say(True)
     t0 = time.perf_counter()
     out, resume = open_run_dir(out_dir, cfg, may_differ=("pairs",))
@@ -217,6 +230,19 @@ def run_llm_freshness_experiment(
         )
     rows = sorted((r for r in log.rows if r["pair"] < cfg.pairs), key=_pair)
     return report(cfg, rows, out, seconds=time.perf_counter() - t0, reused=reused)
+
+
+def _report_only(cfg: LLMFreshnessConfig, out: Path) -> ExperimentResult:
+    """The report of the pairs in ``out``: its config checked against ``cfg``, ``pairs.csv`` read, never rewritten
+    (a running experiment may be appending to it)."""
+    from trajectories.rundir import CONFIG_FILE, check_config
+
+    for need in (CONFIG_FILE, "pairs.csv"):
+        if not (out / need).exists():
+            raise ValueError(f"{out / need}: not found; --report-only reads the run directory of an experiment")
+    check_config(out / CONFIG_FILE, cfg, may_differ=("pairs",), hint="give the run's own options")
+    rows = sorted((r for r in read_rows(out / "pairs.csv", PAIR_COLUMNS) if r["pair"] < cfg.pairs), key=_pair)
+    return report(cfg, rows, out)
 
 
 def report(
