@@ -131,11 +131,13 @@ def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
 
 
 def test_steps_without_signal_are_counted_and_named(cfg: LLMFreshnessConfig) -> None:
-    rows = [dict(_row(p, 0.0, 0.0), kl_stale=2e-3, kl_null_a=2e-3, kl_null_b=2e-3, kl_fresh=2e-3) for p in range(4)]
+    moves = dict(kl_stale=2e-3, kl_null_a=2e-3, kl_null_b=2e-3, kl_fresh=2e-3)
+    rows = [dict(_row(p, 0.0, 0.0), **moves, **{f"steps_{a}": 2.0 for a in ARMS}) for p in range(4)]
     moved = summary_sections(cfg, rows, analyse(rows))
     assert "Steps without signal" not in "\n".join(moved["not_shown"])
-    assert "| fresh (F) | 0.0020 | 0.00 | 0% | 0% |" in moved["gap"]
+    assert "| fresh (F) | 0.0020 | 2.00 | 0% | 0% |" in moved["gap"]
     rows[1]["kl_fresh"], rows[3]["kl_fresh"] = 1.2e-11, 0.0  # round-off of a step on all-zero advantages
+    rows[2]["kl_stale"], rows[2]["steps_stale"] = 0.0, 0.0  # every step reverted: the trust region, not the signal
     c = analyse(rows)["result"][0]
     assert c["still_fresh"] == 0.5 and c["still_stale"] == 0.0
     text = "\n".join(summary_sections(cfg, rows, {"result": [c]})["not_shown"])

@@ -647,6 +647,8 @@ def test_update_mechanism_counts_an_update_that_did_not_move() -> None:
 
     both = update_mechanism({**agent("solver", 2e-3, 1.0), **agent("critic", 1.2e-11, 0.0)}, ("solver", "critic"))
     assert both["agents"] == 2 and both["still"] == 1 and both["acted"] == 1 and both["steps"] == 8
+    reverted = {**agent("solver", 0.0, 1.0), "agent/solver/optimizer_steps": "0"}  # every step taken back
+    assert update_mechanism(reverted, ("solver",))["still"] == 0
     one = update_mechanism(agent("solver", 1e-3, 0.0), ("solver", "critic"))  # the critic not updated here
     assert one["agents"] == 1 and one["still"] == 0 and one["kl_over_delta"] == 0.5
     rows = [dict(scheme="teamtr", **both), dict(scheme="teamtr", **one)]

@@ -63,8 +63,8 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
     keys = ["rows_changed", "adv_gap", "reward_stale", "reward_fresh", "upstream_kl", "upstream_steps"]
     keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
     c.update({k: mean(k) for k in keys})
-    for arm in ARM_NAMES:  # the share of pairs whose update left the worker where it was: no learning signal
-        c[f"still_{arm}"] = float(np.mean([r[f"kl_{arm}"] < STILL_KL for r in rs]))
+    for arm in ARM_NAMES:  # the share of pairs whose steps left the worker where it was: no learning signal
+        c[f"still_{arm}"] = float(np.mean([r[f"kl_{arm}"] < STILL_KL and r[f"steps_{arm}"] > 0 for r in rs]))
     c["seconds"] = float(np.sum([r["seconds"] for r in rs]))
     return {"result": [c]}
 
@@ -191,8 +191,8 @@ def summary_sections(
         "",
         "KL: the realised per-token KL(π_old ‖ π_new) on the update's own batch (the trust region's measure); TR "
         "acted: the share of pairs in which the backtracking shortened or reverted a step; did not move: the share "
-        f"of pairs in which the step left the {last} where it was (KL < {STILL_KL:g}: every group's rewards tied, so every "
-        "advantage was 0 and the batch carried no learning signal).",
+        f"of pairs in which the steps taken left the {last} where it was (KL < {STILL_KL:g}: every group's rewards "
+        "tied, so every advantage was 0 and the batch carried no learning signal).",
         "",
     ]
     s["not_shown"] = [

@@ -145,9 +145,9 @@ MECHANISM_FIELDS = ("agents", "steps", "acted", "still", "kl_over_delta", "step_
 def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[str, float]:
     """What the trust region and the clip did in one update (a row of a run's ``updates.csv``), summed over the
     agents it updated: ``agents`` updated, optimizer ``steps`` kept, agents whose trust region ``acted`` (a step
-    shortened or reverted, or the KL penalty on), agents ``still`` after it (realised KL below
-    :data:`~orchestra.experiments.harness.STILL_KL`: a batch without learning signal), ``kl_over_delta`` (the
-    realised KL estimate / δ) and
+    shortened or reverted, or the KL penalty on), agents ``still`` after it (steps kept, yet a realised KL below
+    :data:`~orchestra.experiments.harness.STILL_KL`: a batch without learning signal; an update whose every step
+    was reverted counts as the trust region acting instead), ``kl_over_delta`` (the realised KL estimate / δ) and
     ``step_clip`` (the clip fraction of the losses the steps were taken on). NaN where the run predates a column."""
 
     def num(key: str) -> float:
@@ -159,7 +159,9 @@ def update_mechanism(record: Mapping[str, str], workers: Sequence[str]) -> dict[
         agents=float(len(names)),
         steps=sum(num(f"agent/{w}/optimizer_steps") for w in names),
         acted=sum(num(f"agent/{w}/trust_region_acted") for w in names),
-        still=float(sum(num(f"agent/{w}/kl_trust") < STILL_KL for w in names)),
+        still=float(
+            sum(num(f"agent/{w}/kl_trust") < STILL_KL and num(f"agent/{w}/optimizer_steps") > 0 for w in names)
+        ),
         kl_over_delta=sum(num(f"agent/{w}/kl_trust") / num(f"agent/{w}/delta") for w in names),
         step_clip=sum(num(f"agent/{w}/step_clip_fraction") for w in names),
     )

@@ -386,7 +386,7 @@ def _mechanism(cfg: LLMExperimentConfig, table: Sequence[Mapping[str, Any]]) -> 
         f"Per scheme, over every agent-update of every seed. An update takes up to {t.num_epochs} epoch(s) × "
         f"{t.num_minibatches} minibatch(es) = {t.num_epochs * t.num_minibatches} optimizer steps; the trust region "
         f"({t.trust_region}, δ = {t.delta} per token) *acted* when it shortened or reverted a step (or its penalty "
-        "was on); *did not move*: the update left the agent where it was (realised KL < "
+        "was on); *did not move*: the steps it kept left the agent where it was (realised KL < "
         f"{STILL_KL:g}: every group's rewards in its batch tied, so no learning signal); KL / δ is the realised "
         "per-token KL of the kept step against the budget; the clip fraction is the PPO clip's share of tokens in "
         "the losses the steps were taken on.",
