@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,7 +25,7 @@ from orchestra.experiments.freshness.llm_run import (
     run_llm_freshness_experiment,
     run_pair,
 )
-from orchestra.experiments.harness import read_rows
+from orchestra.experiments.harness import STILL_KL, read_rows
 from orchestra.teamtr.llm import LLMTeam
 from trajectories.rundir import ConfigMismatchError
 
@@ -106,7 +107,7 @@ def test_config_seeds_and_refusals(cfg: LLMFreshnessConfig) -> None:
 
 def _row(pair: int, diff: float, null: float) -> dict[str, Any]:
     row: dict[str, Any] = {k: 0.0 for k in PAIR_COLUMNS}
-    return dict(row, pair=pair, worker="critic", success_stale=0.5, success_fresh=0.5 + diff, diff=diff,
+    return dict(row, pair=pair, upstream_kl=2e-3, worker="critic", success_stale=0.5, success_fresh=0.5 + diff, diff=diff,
                 success_null_a=0.5, success_null_b=0.5 + null, null_diff=null)  # fmt: skip
 
 
@@ -128,6 +129,21 @@ def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
     c_off = analyse(off)["result"][0]
     assert math.isnan(c_off["null_p"]) and c_off["diff_mean"] == pytest.approx(want["mean"])
     assert "Not run" in "\n".join(summary_sections(replace(cfg, null_check=False), off, analyse(off))["null"])
+
+
+def test_a_pair_whose_upstream_did_not_move_is_left_out_of_the_test(cfg: LLMFreshnessConfig) -> None:
+    diffs = [0.05, 0.03, 0.04, 0.06]
+    rows = [_row(p, d, 0.01 * (-1) ** p) for p, d in enumerate(diffs)]
+    unposed = {k: math.nan for k in PAIR_COLUMNS if PAIR_COLUMNS[k] is float}
+    rows.append(dict(unposed, pair=4, worker="critic", upstream_kl=1e-11, upstream_steps=4.0, seconds=1.0))
+    c = analyse(rows)["result"][0]
+    assert (c["pairs"], c["pairs_run"], c["unposed"], c["null_pairs"]) == (4, 5, 1, 4)
+    assert c["diff_mean"] == pytest.approx(np.mean(diffs)) and c["all_mean"] == pytest.approx(np.sum(diffs) / 5)
+    assert c["all_mde"] == pytest.approx(paired_summary([*diffs, 0.0])["mde"])
+    sec = summary_sections(cfg, rows, {"result": [c]})
+    text = "\n".join(line for lines in sec.values() for line in lines)
+    assert "5 replicate pairs (4 in which the upstream worker(s) moved)" in text
+    assert "Left out of this table: 1 of the 5 pairs" in text and "| 4 | 0.0000 |" in "\n".join(sec["result"])
 
 
 def test_steps_without_signal_are_counted_and_named(cfg: LLMFreshnessConfig) -> None:
@@ -197,7 +213,15 @@ def test_cli_freshness_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert code == 0 and "summary:" in capsys.readouterr().out
     rows = read_rows(report.with_suffix(".csv"), PAIR_COLUMNS)
     assert [r["pair"] for r in rows] == [0, 1] and all(math.isnan(r["success_null_a"]) for r in rows)
-    assert "Not run" in report.read_text() and "lr 0.02" in report.read_text()
+    # the arithmetic team's tiny random model solves nothing: S carries no signal, the solver does not move, so no
+    # pair poses the question and their arms are not played
+    assert all(r["upstream_kl"] < STILL_KL and math.isnan(r["success_stale"]) for r in rows)
+    text = report.read_text()
+    assert (
+        "lr 0.02" in text
+        and "No pair has posed the question yet" in text
+        and "Left out of this table: 2 of the 2 pairs" in text
+    )
     # the page alone, from the run directory: the same page, no copy of the rows beside it
     page = tmp_path / "page" / "fresh.md"
     assert main([*args, "--out", str(tmp_path / "run"), "--report", str(page), "--report-only", "--quiet"]) == 0

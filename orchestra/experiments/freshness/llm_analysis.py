@@ -32,26 +32,39 @@ ARM_NAMES = {"stale": "stale (S)", "fresh": "fresh (F)", "null_a": "null (S1)", 
 STEP_FIELDS = {"kl": "kl_trust", "steps": "optimizer_steps", "acted": "trust_region_acted"}
 
 
+def posed(row: dict[str, Any]) -> bool:
+    """Whether a pair poses the question: its upstream worker(s) moved. Where they did not (their batch S carried no
+    learning signal), F is S exactly and fresh − stale is 0 by construction; such a pair's arms are not played."""
+    return bool(row["upstream_kl"] >= STILL_KL)
+
+
 def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
-    """``result``: one row over the pairs: held-out success at the branch and after each arm (means), fresh − stale,
-    the null difference and fresh − the first null arm (:func:`paired_summary`; ``*_p_holm``: Holm within each
-    family, of one comparison), the stale gap and the realised steps (means; TR acted: the share of updates)."""
+    """``result``: one row over the pairs that pose the question (:func:`posed`): held-out success at the branch and
+    after each arm (means), fresh − stale and fresh − the first null arm (:func:`paired_summary`; ``*_p_holm``: Holm
+    within each family, of one comparison), the stale gap and the realised steps (means; TR acted: the share of
+    updates); the null difference over every pair whose null arms were played; ``all_*``: fresh − stale over every
+    pair, a pair that does not pose the question counted as 0 (its value by construction); ``unposed``: how many."""
     rs = sorted(rows, key=lambda r: r["pair"])
     if not rs:
         return {"result": []}
-    null_run = all(math.isfinite(r["null_diff"]) for r in rs)
+    ps = [r for r in rs if posed(r)]
+    nulls = [r for r in rs if math.isfinite(r["null_diff"])]
     families = {
-        "diff": [r["diff"] for r in rs],
-        "null": [r["null_diff"] for r in rs] if null_run else [],
-        "indep": [r["success_fresh"] - r["success_null_a"] for r in rs] if null_run else [],  # S's reuse taken out
+        "diff": [r["diff"] for r in ps],
+        "all": [r["diff"] if posed(r) else 0.0 for r in rs],
+        "null": [r["null_diff"] for r in nulls],
+        "indep": [r["success_fresh"] - r["success_null_a"] for r in ps if math.isfinite(r["null_diff"])],
     }
 
     def mean(key: str) -> float:
-        return float(np.mean([r[key] for r in rs]))
+        return float(np.mean([r[key] for r in ps])) if ps else math.nan
 
-    c: dict[str, Any] = dict(pairs=len(rs), worker=rs[0]["worker"])
-    for key in ("success_branch", "success_stale", "success_fresh", "success_null_a", "success_null_b"):
+    c: dict[str, Any] = dict(pairs=len(ps), pairs_run=len(rs), unposed=len(rs) - len(ps), null_pairs=len(nulls))
+    c["worker"] = rs[0]["worker"]
+    for key in ("success_branch", "success_stale", "success_fresh"):
         c[key] = mean(key)
+    for key in ("success_null_a", "success_null_b"):
+        c[key] = float(np.mean([r[key] for r in nulls])) if nulls else math.nan
     c["gain_stale"], c["gain_fresh"] = (
         c["success_stale"] - c["success_branch"],
         c["success_fresh"] - c["success_branch"],
@@ -64,7 +77,8 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
     keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
     c.update({k: mean(k) for k in keys})
     for arm in ARM_NAMES:  # the share of pairs whose steps left the worker where it was: no learning signal
-        c[f"still_{arm}"] = float(np.mean([r[f"kl_{arm}"] < STILL_KL and r[f"steps_{arm}"] > 0 for r in rs]))
+        still = [r[f"kl_{arm}"] < STILL_KL and r[f"steps_{arm}"] > 0 for r in ps]
+        c[f"still_{arm}"] = float(np.mean(still)) if still else math.nan
     c["seconds"] = float(np.sum([r["seconds"] for r in rs]))
     return {"result": [c]}
 
@@ -90,7 +104,8 @@ def summary_sections(
     s["title"] = [
         "# The paired freshness experiment on the real-LLM team",
         "",
-        f"{len(rows)} replicate pairs; the pairs' own compute {float(np.sum([r['seconds'] for r in rows])):.0f} s"
+        f"{len(rows)} replicate pairs ({sum(posed(r) for r in rows)} in which the upstream worker(s) moved); the "
+        f"pairs' own compute {float(np.sum([r['seconds'] for r in rows])):.0f} s"
         + (f", this invocation {seconds:.0f} s" if math.isfinite(seconds) else "")
         + (f", {reused} pairs reused from an earlier invocation" if reused else "")
         + ".",
@@ -125,6 +140,20 @@ def summary_sections(
     if not tables["result"]:
         return {**s, "result": ["No pair has finished yet.", ""]}
     c = tables["result"][0]
+    unposed = (
+        [
+            f"Left out of this table: {c['unposed']} of the {c['pairs_run']} pairs, in which the {upstream}'s batch "
+            "S carried no learning signal (every group's rewards tied), so the upstream update did not move the "
+            "team, F is S exactly and fresh − stale is 0 by construction (the question is not posed, so the arms "
+            f"need not be played). Over all {c['pairs_run']} pairs, counting those as 0: {_ci(c, 'all')}, p {pval(c['all_p'])}, "
+            f"MDE {cell(c['all_mde'], 4)}.",
+            "",
+        ]
+        if c["unposed"]
+        else []
+    )
+    if not c["pairs"]:
+        return {**s, "result": ["No pair has posed the question yet.", "", *unposed]}
     s["result"] = [
         "## Fresh − stale",
         "",
@@ -139,6 +168,7 @@ def summary_sections(
         f"with 80% power by {c['pairs']} pairs of this spread. Gains of the {last}'s own step, success after it − "
         f"success at the branch (means): stale {c['gain_stale']:+.4f}, fresh {c['gain_fresh']:+.4f}.",
         "",
+        *unposed,
     ]
     if cfg.null_check:
         s["result"] += [
@@ -164,7 +194,7 @@ def summary_sections(
             "",
             "| pairs | success S1 | success S2 | S2 − S1 [95% CI] | SD | p | SD of fresh − stale |",
             "|---|---|---|---|---|---|---|",
-            f"| {c['pairs']} | {cell(c['success_null_a'], 4)} | {cell(c['success_null_b'], 4)} | {_ci(c, 'null')} | "
+            f"| {c['null_pairs']} | {cell(c['success_null_a'], 4)} | {cell(c['success_null_b'], 4)} | {_ci(c, 'null')} | "
             f"{cell(c['null_sd'], 4)} | {pval(c['null_p'])} | {cell(c['diff_sd'], 4)} |",
             "",
             "The null arms have no common random numbers; the last column shows how much smaller the spread of the "
@@ -175,7 +205,7 @@ def summary_sections(
     s["gap"] = [
         f"## The stale gap ({last})",
         "",
-        f"On the CRN-matched batches S and F, episode by episode: {c['rows_changed']:.1%} of the episodes have "
+        f"Over the pairs that pose the question, on the CRN-matched batches S and F, episode by episode: {c['rows_changed']:.1%} of the episodes have "
         f"different {last} turns (prompt or sampled token ids); mean abs(Â_S − Â_F) {c['adv_gap']:.4f} (GRPO "
         f"advantages of the team reward); mean reward S {c['reward_stale']:.4f}, F {c['reward_fresh']:.4f}. The "
         f"upstream update(s): KL {c['upstream_kl']:.4f} per token, {c['upstream_steps']:.2f} optimizer steps, the "
@@ -218,7 +248,7 @@ def summary_sections(
             if c["still_fresh"] > 0 or c["still_stale"] > 0
             else []
         ),
-        f"- **{len(rows)} pairs.** A no-difference reading holds down to its MDE only: it is not evidence that "
+        f"- **{c['pairs']} pairs that pose the question.** A no-difference reading holds down to its MDE only: it is not evidence that "
         "freshness never matters.",
         "",
     ]

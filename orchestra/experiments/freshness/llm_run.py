@@ -8,7 +8,9 @@ One replicate pair, k the last trainable worker (the critic; the upstream ones: 
 2. the trainer runs scheme naive in the fixed order 0..n−1 and is stopped right after worker k − 1's update
    (:func:`~orchestra.teamtr.trainer.train_until`): the upstream workers have been updated on the stage's one batch
    S, sampled before any of them moved; the team's state there (adapters, optimizers, β) is copied, and the team is
-   played once on the held-out tasks (success at the branch);
+   played once on the held-out tasks (success at the branch). If that update did not move the team (S carried no
+   learning signal: :func:`~.llm_analysis.posed`), the pair ends here: F would be S exactly and fresh − stale 0 by
+   construction, so the pair does not pose the question (its row keeps S's reward and the upstream update);
 3. the FRESH batch F is sampled from that team with the generator state that sampled S (common random numbers: the
    same train tasks and the same episode seeds, so an episode differs only where an updated worker now speaks
    otherwise);
@@ -35,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from orchestra.experiments.freshness.llm_analysis import ARM_NAMES, STEP_FIELDS, analyse, summary_sections
+from orchestra.experiments.freshness.llm_analysis import ARM_NAMES, STEP_FIELDS, analyse, posed, summary_sections
 from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig, team_config, trainer_config
 from orchestra.experiments.harness import (
     ExperimentResult,
@@ -150,6 +152,9 @@ def run_pair(cfg: LLMFreshnessConfig, pair: int, *, upstream: bool = True, say: 
         [_sample(team, b_size, seeded_generator(cfg.seed, pair, p)) for p in _NULL_PURPOSES] if cfg.null_check else []
     )
     br = branch(team, tcfg)  # workers 0..k−1 updated on the stale batch S
+    up = _upstream(team, br.log.updates if upstream else [])
+    if upstream and not posed(up):  # S carried no signal: F would be S exactly, the arms identical; not played
+        return _unposed_row(pair, team.agent_names[k], br.point.batch, up, time.perf_counter() - t0)
     snapshot = br.snapshot
     if not upstream:
         snapshot = TeamSnapshot(start, (None,) * n, snapshot.kl_coefs)
@@ -181,10 +186,24 @@ def run_pair(cfg: LLMFreshnessConfig, pair: int, *, upstream: bool = True, say: 
         adv_gap=float((adv_s - adv_f).abs().mean()),
         reward_stale=float(stale.rewards.mean()),
         reward_fresh=float(fresh.rewards.mean()),
-        **_upstream(team, br.log.updates if upstream else []),
+        **up,
         **steps,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _unposed_row(pair: int, worker: str, stale: LLMRollout, up: dict[str, float], seconds: float) -> dict[str, Any]:
+    """The row of a pair whose upstream update did not move the team (:func:`~.llm_analysis.posed`): its batch S's
+    reward, the upstream update, NaN for everything the arms would have measured."""
+    row: dict[str, Any] = {k: math.nan for k in PAIR_COLUMNS if PAIR_COLUMNS[k] is float}
+    return {
+        **row,
+        "pair": pair,
+        "worker": worker,
+        "reward_stale": float(stale.rewards.mean()),
+        **up,
+        "seconds": seconds,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
