@@ -146,6 +146,22 @@ def test_a_pair_whose_upstream_did_not_move_is_left_out_of_the_test(cfg: LLMFres
     assert "Left out of this table: 1 of the 5 pairs" in text and "| 4 | 0.0000 |" in "\n".join(sec["result"])
 
 
+def test_the_run_says_a_pair_does_not_pose_the_question(
+    cfg: LLMFreshnessConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unposed = {k: math.nan for k in PAIR_COLUMNS if PAIR_COLUMNS[k] is float}
+    row = dict(unposed, worker="critic", upstream_kl=0.0, upstream_steps=4.0, seconds=7.0)
+    monkeypatch.setattr(llm_run, "run_pair", lambda _cfg, pair, say=None: dict(row, pair=pair))
+    lines: list[str] = []
+    result = run_llm_freshness_experiment(replace(cfg, pairs=2), tmp_path / "run", say=lines.append)
+    assert lines == [
+        f"freshness-llm pair {p}: the upstream update did not move the team (its batch carried no signal), so the "
+        "pair does not pose the question; its arms not played (7 s)"
+        for p in (0, 1)
+    ]
+    assert "No pair has posed the question yet" in result.summary.read_text()
+
+
 def test_steps_without_signal_are_counted_and_named(cfg: LLMFreshnessConfig) -> None:
     moves = dict(kl_stale=2e-3, kl_null_a=2e-3, kl_null_b=2e-3, kl_fresh=2e-3)
     rows = [dict(_row(p, 0.0, 0.0), **moves, **{f"steps_{a}": 2.0 for a in ARMS}) for p in range(4)]

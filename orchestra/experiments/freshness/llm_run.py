@@ -246,6 +246,9 @@ def run_llm_freshness_experiment(
         talk(
             f"freshness-llm pair {pair}: held-out success stale {row['success_stale']:.1%}, fresh "
             f"{row['success_fresh']:.1%}; {row['rows_changed']:.0%} of the episodes changed ({row['seconds']:.0f} s)"
+            if posed(row)
+            else f"freshness-llm pair {pair}: the upstream update did not move the team (its batch carried no "
+            f"signal), so the pair does not pose the question; its arms not played ({row['seconds']:.0f} s)"
         )
     rows = sorted((r for r in log.rows if r["pair"] < cfg.pairs), key=_pair)
     return report(cfg, rows, out, seconds=time.perf_counter() - t0, reused=reused)
