@@ -32,6 +32,11 @@ def _pct(v: float) -> str:
     return "—" if math.isnan(v) else f"{100 * v:+.1f}"
 
 
+def _pts(v: float) -> str:
+    """A share as points, unsigned (a spread), NaN as —."""
+    return "—" if math.isnan(v) else f"{100 * v:.1f}"
+
+
 def _setting(cfg: LLMExperimentConfig, seconds: float | None) -> list[str]:
     team, tr = cfg.team, cfg.trainer
     steps = " → ".join(team.pipeline) if team.pipeline else f"the team file's {team.conductor!r} schedule"
@@ -89,12 +94,12 @@ def _final(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) ->
         lines += [
             f"**{_acc_text(cfg, accounting)}**",
             "",
-            "| scheme | stage | success | ± seed SD | return | episodes | tokens sampled | train min | tokens/eval task |",
+            "| scheme | stage | success | ± seed SD (pts) | return | episodes | tokens sampled | train min | tokens/eval task |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             lines.append(
-                f"| {r['scheme']} | {r['stage']} | {r['success']:.1%} | {cell(r['success_seed_sd'])} | "
+                f"| {r['scheme']} | {r['stage']} | {r['success']:.1%} | {_pts(r['success_seed_sd'])} | "
                 f"{r['ret']:.3f} | {r['episodes']:.0f} | {r['tokens']:.0f} | {r['train_seconds'] / 60:.1f} | "
                 f"{r['eval_tokens']:.1f} |"
             )
