@@ -243,7 +243,11 @@ def summary_sections(
                 f"and {c['still_stale']:.0%} of the stale arms (mean reward S {c['reward_stale']:.3f}, F "
                 f"{c['reward_fresh']:.3f}): at this success rate a batch of {tr.batch_size} episodes often has every "
                 "group's rewards tied, and fresh − stale then compares a step with no step. That is what freshness "
-                "does at this batch size, not a measure of fresher gradients."
+                "does at this batch size, not a measure of fresher gradients. The selection leans one way: a pair "
+                f"poses the question only when the {upstream} moved, so S had signal and, the reward being the "
+                "team's, the stale arm always has some; the fresh arm keeps it only if F does. In a TeamTR run the "
+                "fresh batch is sampled on new seeds, so when S has no signal it may still have some; the coupled "
+                "design (F = S then) leaves that case out."
             ]
             if c["still_fresh"] > 0 or c["still_stale"] > 0
             else []
