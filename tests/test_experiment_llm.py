@@ -19,6 +19,7 @@ from orchestra.experiments.llm.analysis import (
     acceptance,
     analyse,
     complete_seeds,
+    crossfit_headroom,
     mechanism,
     paired_row,
     update_mechanism,
@@ -166,6 +167,40 @@ def _rows(cfg: LLMExperimentConfig, outcome: dict[str, Any]) -> list[dict[str, A
     return rows
 
 
+def _grid(x: dict[tuple[str, int], np.ndarray]) -> list[dict[str, Any]]:
+    """evals rows from (scheme, stage) -> a (seed, task) success matrix."""
+    return [
+        dict(scheme=scheme, stage=stage, seed=s, task=t, success=float(m[s, t]))
+        for (scheme, stage), m in x.items()
+        for s in range(m.shape[0])
+        for t in range(m.shape[1])
+    ]
+
+
+def test_crossfit_headroom_captures_task_structure_and_not_seed_luck() -> None:
+    # structure: one configuration solves the first half of the tasks on every seed, another the second half
+    left = np.tile(np.arange(200) < 100, (4, 1)).astype(float)
+    room = crossfit_headroom(_grid({("frozen", 0): np.zeros((4, 200)), ("a", 4): left, ("b", 4): 1 - left}))
+    assert room["configs"] == 3
+    assert room["crossfit_oracle"] == pytest.approx(1.0) and room["crossfit_fixed"] == pytest.approx(0.5)
+    assert room["capturable"] == pytest.approx(0.5)
+    # luck: every run solves each task at random; in sample the oracle looks like headroom, cross-fitted it is none
+    rng = np.random.default_rng(0)
+    luck = {(f"s{i}", 4): (rng.random((8, 4000)) < 0.3).astype(float) for i in range(3)}
+    rows = _grid(luck)
+    room = crossfit_headroom(rows)
+    in_sample = np.mean(np.max([m.max(axis=0) for m in luck.values()], axis=0))
+    assert in_sample > 0.9
+    assert abs(room["capturable"]) < 0.02 and room["crossfit_fixed"] == pytest.approx(0.3, abs=0.02)
+    # a task tied on the fitting half goes to the best single configuration there, not to the first in order
+    best = np.ones((2, 3))
+    worse = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    room = crossfit_headroom(_grid({("frozen", 0): worse, ("a", 4): best}))
+    assert room["crossfit_fixed"] == pytest.approx(1.0) and room["crossfit_oracle"] == pytest.approx(1.0)
+    # one seed has no other half
+    assert math.isnan(crossfit_headroom(_grid({("a", 4): left[:1]}))["crossfit_oracle"])
+
+
 def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
     cfg = replace(SIX, schemes=("teamtr", "naive"), eval_tasks=200)
     rng = np.random.default_rng(1)
@@ -195,6 +230,7 @@ def test_analysis_finds_an_injected_effect_and_only_it(tmp_path: Path) -> None:
         f"the best of the 13 evaluated teams (every scheme, seed and stage, and the frozen team) solves {room['oracle']:.1%}"
         in reading
     )
+    assert f"reaches {room['crossfit_oracle']:.1%}, against {room['crossfit_fixed']:.1%}" in reading
     assert "Other schemes that improve" not in reading  # naive plays as the frozen team
     # no effect: the acceptance reads False
     null = analyse(cfg, _rows(cfg, {"frozen": frozen, "teamtr": frozen.copy(), "naive": frozen.copy()}), tmp_path)
