@@ -289,7 +289,9 @@ seeds.
 Reported: mean success_fresh - success_stale with a 95% t interval over pairs, p, the minimum detectable effect (80%
 power), the stale gap on the batches (the share of episodes whose critic turns changed, the advantage change, the
 mean rewards), every update's KL, steps and trust-region action, and a null check (two stale arms that differ only
-in their batch's seed must not come out different).
+in their batch's seed must not come out different). A pair whose solver batch carries no learning signal (every
+group's rewards tied, so the solver does not move and F would be S) does not pose the question: its arms are not
+played and the test reads the pairs that do; --pairs counts every pair attempted.
 
 Writes OUT/config.json, OUT/pairs.csv (one row per pair), OUT/result.csv and OUT/summary.md. Resumable (more
 --pairs extend a run); the same command with --report-only writes the report of the pairs there so far, marked

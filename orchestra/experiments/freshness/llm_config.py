@@ -31,7 +31,9 @@ class LLMFreshnessConfig:
     trainer: TeamTRConfig = field(
         default_factory=lambda: replace(LLM_EXPERIMENT_TRAINER, lr=LLMExperimentConfig().lr_for("naive"))
     )
-    pairs: int = 30  # replicate pairs; each has its own team init, stale batch and null batches
+    # replicate pairs attempted; each has its own team init, stale batch and null batches. About one in five does not
+    # pose the question (the solver's batch without signal: its arms are not played), so 40 leave about 30 that do
+    pairs: int = 40
     eval_tasks: int = 60  # held-out tasks every arm is played on (the same tasks and episode seeds in every arm, pair)
     eval_split: Literal["validation", "test"] = "test"  # tune settings on validation; report test once
     # two more stale arms, each on its own independent batch of the stage-start team: the same procedure with
