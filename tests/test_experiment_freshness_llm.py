@@ -87,7 +87,7 @@ def test_no_upstream_update_gives_identical_arms_and_an_update_a_gap(
 
 def test_config_seeds_and_refusals(cfg: LLMFreshnessConfig) -> None:
     full = LLMFreshnessConfig()
-    assert (full.pairs, full.eval_tasks, full.eval_split, full.null_check, full.updated) == (30, 60, "test", True, 1)
+    assert (full.pairs, full.eval_tasks, full.eval_split, full.null_check, full.updated) == (40, 60, "test", True, 1)
     assert full.team.workers == ("solver", "critic")
     t0, t1 = trainer_config(full, 0), trainer_config(full, 1)
     assert (t0.scheme, t0.order, t0.num_stages, t0.evaluate) == ("naive", "fixed", 1, False)
