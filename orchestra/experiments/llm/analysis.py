@@ -334,9 +334,8 @@ def crossfit_headroom(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     other half: nan."""
     seeds = sorted({r["seed"] for r in rows})
     configs = sorted({(r["scheme"], r["stage"]) for r in rows}, key=lambda c: (c[0] != FROZEN, c))
-    empty = dict(configs=len(configs), crossfit_oracle=math.nan, crossfit_fixed=math.nan, capturable=math.nan)
     if len(seeds) < 2:
-        return empty
+        return dict(configs=len(configs), crossfit_oracle=math.nan, crossfit_fixed=math.nan, capturable=math.nan)
     tasks = sorted({r["task"] for r in rows})
     t_of = {t: i for i, t in enumerate(tasks)}
     c_of = {c: i for i, c in enumerate(configs)}

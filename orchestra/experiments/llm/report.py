@@ -225,7 +225,7 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
                 f"reaches {room['crossfit_oracle']:.1%}, against {room['crossfit_fixed']:.1%} for the best single "
                 f"configuration chosen the same way: {_pct(room['capturable'])} points a per-task choice among these "
                 "configurations could capture."
-                if math.isfinite(float(room.get("crossfit_oracle", math.nan)))
+                if math.isfinite(room["crossfit_oracle"])
                 else ""
             )
         )
