@@ -133,6 +133,9 @@ def test_oracle_router_headroom_and_captured_fraction() -> None:
     assert set(oracle) == {"t1", "t2", "t3"}, "t4 was not played by every schedule"
     assert oracle["t1"] == stats.OracleChoice("tool_first", True, 1.0)  # success first, then cost
     assert oracle["t2"].schedule == "solve_check" and oracle["t3"].schedule == "best_of_3"
+    # success may be a share over runs: the highest share wins, then the cost
+    shares = {"a": {"t": (0.5, 0.1)}, "b": {"t": (0.75, 2.0)}, "c": {"t": (0.75, 1.0)}}
+    assert stats.oracle_router(shares)["t"] == stats.OracleChoice("c", 0.75, 1.0)
     assert stats.headroom(1.0, 0.6) == pytest.approx(0.4)
     assert stats.captured_fraction(0.7, 0.6, 1.0) == pytest.approx(0.25)
     assert stats.captured_fraction(0.5, 0.6, 1.0) < 0

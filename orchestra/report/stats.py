@@ -226,31 +226,33 @@ def tasks_for_noninferiority(
 
 @dataclass(frozen=True)
 class OracleChoice:
-    """The schedule the oracle router picks for one task and what it scores there."""
+    """The schedule the oracle router picks for one task and what it scores there (``success``: 0/1 for one run,
+    a share for a mean over runs)."""
 
     schedule: str
-    success: bool
+    success: float
     cost: float
 
 
-def oracle_router(outcomes: Mapping[str, Mapping[Any, tuple[bool, float]]]) -> dict[Any, OracleChoice]:
-    """Per task, the best schedule of the menu in hindsight (RouterBench's oracle): a successful one if
-    any, the cheapest of those, ties by name. ``outcomes[schedule][task] = (success, cost)``; only tasks
-    every schedule played count, so the oracle never sees a task some schedule skipped."""
+def oracle_router(outcomes: Mapping[str, Mapping[Any, tuple[float, float]]]) -> dict[Any, OracleChoice]:
+    """Per task, the best schedule of the menu in hindsight (RouterBench's oracle): the highest success (a bool for
+    one run, or a mean success over runs), then the lowest cost, ties by name. ``outcomes[schedule][task] =
+    (success, cost)``, where the cost is whatever breaks ties (tokens in phase 1); only tasks every schedule played
+    count, so the oracle never sees a task some schedule skipped."""
     if not outcomes:
         return {}
     tasks = set.intersection(*(set(v) for v in outcomes.values()))
     out: dict[Any, OracleChoice] = {}
     for t in sorted(tasks, key=repr):
-        best = min(outcomes, key=lambda s: (not outcomes[s][t][0], outcomes[s][t][1], s))
+        best = min(outcomes, key=lambda s: (-float(outcomes[s][t][0]), outcomes[s][t][1], s))
         ok, cost = outcomes[best][t]
-        out[t] = OracleChoice(best, bool(ok), float(cost))
+        out[t] = OracleChoice(best, float(ok), float(cost))
     return out
 
 
 def replicate_oracle(
-    picks_from: Mapping[str, Mapping[Any, tuple[bool, float]]],
-    scored_on: Mapping[str, Mapping[Any, tuple[bool, float]]],
+    picks_from: Mapping[str, Mapping[Any, tuple[float, float]]],
+    scored_on: Mapping[str, Mapping[Any, tuple[float, float]]],
 ) -> dict[Any, OracleChoice]:
     """The oracle router without best-of-N luck: per task, the schedule :func:`oracle_router` picks on a replicate run
     (``picks_from``: the same tasks played with other sampling seeds), scored by what that schedule did in the run
@@ -261,7 +263,7 @@ def replicate_oracle(
         return {}
     tasks = set.intersection(*(set(v) for v in common.values()), *(set(scored_on[s]) for s in common))
     picks = oracle_router({s: {t: v[t] for t in tasks} for s, v in common.items()})
-    return {t: OracleChoice(c.schedule, bool(scored_on[c.schedule][t][0]), float(scored_on[c.schedule][t][1]))
+    return {t: OracleChoice(c.schedule, float(scored_on[c.schedule][t][0]), float(scored_on[c.schedule][t][1]))
             for t, c in picks.items()}  # fmt: skip
 
 

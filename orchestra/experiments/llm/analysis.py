@@ -26,6 +26,7 @@ import numpy as np
 from orchestra.experiments.harness import STILL_KL
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.experiments.verdicts import seed_tables
+from orchestra.report import stats
 
 ACCOUNTINGS = ("equal_stages", "equal_episodes", "equal_updates")
 MEASURES = ("success", "return")
@@ -327,11 +328,11 @@ def headroom(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def crossfit_headroom(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The headroom a per-task choice among the evaluated configurations (scheme and stage, the frozen team included)
     could capture, cross-fitted over seeds: the seeds split into two halves (first and second); on one half each task
-    gets the configuration with the highest mean success there (ties: the best single configuration on that half,
-    then the first in order), scored by its mean success on the task over the other half, and the same both ways
-    (mean of the two). ``crossfit_fixed`` scores the best single configuration chosen on one half the same way, the
-    strongest simple baseline; ``capturable`` = ``crossfit_oracle`` − ``crossfit_fixed``. Below two seeds there is no
-    other half: nan."""
+    gets the configuration with the highest mean success there (ties: the configuration ranked higher over all tasks
+    on that half), scored by its mean success on the task over the other half, and the same both ways (mean of the
+    two). This is :func:`~orchestra.report.stats.replicate_oracle` with a half of the seeds as the replicate run.
+    ``crossfit_fixed`` scores the best single configuration chosen on one half the same way, the strongest simple
+    baseline; ``capturable`` = ``crossfit_oracle`` − ``crossfit_fixed``. Below two seeds there is no other half: nan."""
     seeds = sorted({r["seed"] for r in rows})
     configs = sorted({(r["scheme"], r["stage"]) for r in rows}, key=lambda c: (c[0] != FROZEN, c))
     if len(seeds) < 2:
@@ -345,19 +346,26 @@ def crossfit_headroom(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         x[c_of[(r["scheme"], r["stage"])], s_of[r["seed"]], t_of[r["task"]]] = r["success"]
     half = len(seeds) // 2
     a, b = x[:, :half].mean(axis=1), x[:, half:].mean(axis=1)  # (config, task) mean success on each half
+    label = [f"{scheme}@{stage}" for scheme, stage in configs]
     oracle, fixed = [], []
     for fit, score in ((a, b), (b, a)):
-        best = int(np.argmax(fit.mean(axis=1)))  # the best single configuration on the fitting half
-        # per task: the highest mean on the fitting half, ties to the best single configuration, then to the first
-        pick = np.where(fit[best] == fit.max(axis=0), best, np.argmax(fit, axis=0))
-        oracle.append(float(score[pick, np.arange(len(tasks))].mean()))
-        fixed.append(float(score[best].mean()))
+        rank = np.argsort(np.argsort(-fit.mean(axis=1), kind="stable"), kind="stable")  # 0: the best single config
+
+        # the rank is the oracle's tie-break (its "cost"): a task tied on the fitting half goes to the better config
+        choice = stats.replicate_oracle(_by_config(fit, rank, label), _by_config(score, rank, label))
+        oracle.append(float(np.mean([c.success for c in choice.values()])))
+        fixed.append(float(score[int(np.argmin(rank))].mean()))
     return dict(
         configs=len(configs),
         crossfit_oracle=float(np.mean(oracle)),
         crossfit_fixed=float(np.mean(fixed)),
         capturable=float(np.mean(oracle) - np.mean(fixed)),
     )
+
+
+def _by_config(m: np.ndarray, rank: np.ndarray, label: Sequence[str]) -> dict[str, dict[int, tuple[float, float]]]:
+    """``m[config, task]`` as the oracle's outcomes, each configuration's rank the cost that breaks ties."""
+    return {label[c]: {t: (float(m[c, t]), float(rank[c])) for t in range(m.shape[1])} for c in range(len(label))}
 
 
 def acceptance(tables: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
