@@ -350,7 +350,6 @@ def crossfit_headroom(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     oracle, fixed = [], []
     for fit, score in ((a, b), (b, a)):
         rank = np.argsort(np.argsort(-fit.mean(axis=1), kind="stable"), kind="stable")  # 0: the best single config
-
         # the rank is the oracle's tie-break (its "cost"): a task tied on the fitting half goes to the better config
         choice = stats.replicate_oracle(_by_config(fit, rank, label), _by_config(score, rank, label))
         oracle.append(float(np.mean([c.success for c in choice.values()])))
