@@ -3,6 +3,7 @@ regenerated from their committed tables."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,53 @@ def test_the_committed_llm_freshness_page_regenerates_from_its_pairs(tmp_path: P
     assert result.summary.read_text() == page, f"stale: run `{cmd}`"
     pairs = result.tables["result"][0]["pairs"]
     assert f"| {pairs} |" in page and ("**Interim:" in page) == (pairs < LLMFreshnessConfig().pairs)
+
+
+_DECIMAL = re.compile(r"[+-]?\d+\.\d+")
+
+
+def _quoted(text: str) -> list[str]:
+    """The decimal figures a text quotes, signed as written (a typographic minus read as '-')."""
+    return _DECIMAL.findall(text.replace("−", "-"))
+
+
+def _figures(pages: list[str]) -> set[str]:
+    """Every decimal a generated page prints, as printed and without its sign, and every share (four decimals) also
+    in points to one decimal, the way the hand-written texts quote them."""
+    out: set[str] = set()
+    for page in pages:
+        for tok in _quoted(page):
+            signed, digits = tok[0] in "+-", tok.lstrip("+-")
+            out |= {tok, digits}
+            if len(digits.split(".")[1]) == 4:
+                points = float(tok) * 100
+                out |= {f"{points:+.1f}" if signed else f"{points:.1f}", f"{abs(points):.1f}"}
+    return out
+
+
+def _between(text: str, start: str, end: str) -> str:
+    assert start in text, f"the anchor {start!r} is gone: update this test with the text it checks"
+    tail = text[text.index(start) :]
+    return tail[: tail.find(end, len(start))] if end in tail[len(start) :] else tail
+
+
+_LLM_PAGES = ["docs/results/finetune.md", "docs/results/freshness-llm.md"]
+
+
+@pytest.mark.parametrize(
+    ("path", "start", "end"),
+    [
+        ("README.md", "- **TeamTR on a real LLM team**", "\n\n"),
+        ("docs/results/README.md", "State: seeds", "\n- **"),
+        ("docs/results/README.md", "- **Freshness on the LLM team**", "\n\n"),
+        ("docs/results/teamtr_notes.md", "## On the real-LLM team", "\n## "),
+    ],
+)
+def test_the_hand_written_llm_state_quotes_the_generated_pages(path: str, start: str, end: str) -> None:
+    """The state of the LLM runs is restated by hand in the README, the results index and the TeamTR notes; every
+    decimal figure there must be one the generated pages print (shares read in points), so a hand-copied figure that
+    lags a regenerated page fails here rather than in a reader's hands."""
+    section = _between((ROOT / path).read_text(), start, end)
+    printed = _figures([(ROOT / p).read_text() for p in _LLM_PAGES])
+    missing = [tok for tok in _quoted(section) if tok not in printed]
+    assert not missing, f"{path}: {missing} are not figures of {' or '.join(_LLM_PAGES)}: copy them from the pages"
