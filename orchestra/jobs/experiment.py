@@ -136,7 +136,7 @@ def run_llm_job(job: LLMExperimentJob) -> ExperimentResult:
         say(
             f"{job.out}: started from {job.resume_from}'s {len(carried)} complete runs"
             if carried
-            else f"{job.out}: holds its own evaluations (or {job.resume_from} none complete); nothing carried over"
+            else f"{job.out}: already holds evaluations, or {job.resume_from} holds no complete run; nothing carried over"
         )
     result = run_llm_experiment(job.experiment, job.out, say=say, tensorboard=job.tensorboard, play=not job.report_only)
     if job.tables:
