@@ -120,6 +120,13 @@ def test_statistics_null_check_and_report(cfg: LLMFreshnessConfig) -> None:
     assert c["diff_p_holm"] == c["diff_p"] < 0.001 and c["null_p"] > 0.05
     text = "\n".join(line for sec in summary_sections(cfg, rows, {"result": [c]}).values() for line in sec)
     assert "**Passes**" in text and "fresh better" in text and f"{100 * want['mde']:.1f} points" in text
+    assert (c["fresh_ahead"], c["stale_ahead"], c["tied"]) == (6, 0, 0) and c["sign_p"] == pytest.approx(2 / 2**6)
+    assert "fresh ahead / stale ahead / tied: 6 / 0 / 0" in text and "p 0.031" in text
+    mixed = [_row(p, d, 0.0) for p, d in enumerate([1 / 60, -1 / 60, -1 / 60, 0.0, -2 / 60])]
+    m = analyse(mixed)["result"][0]
+    assert (m["fresh_ahead"], m["stale_ahead"], m["tied"]) == (1, 3, 1) and m["sign_p"] == pytest.approx(0.625)
+    interim = "\n".join(summary_sections(replace(cfg, pairs=10), rows, {"result": [c]})["title"])
+    assert "6 of 10 pairs are in" in interim and "planned at 10 pairs" in interim
     shifted = [dict(r, null_diff=r["diff"], success_null_b=r["success_fresh"]) for r in rows]
     failed = summary_sections(cfg, shifted, analyse(shifted))
     assert "**FAILS**" in "\n".join(failed["null"])

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from scipy.stats import binomtest
 
 from orchestra.experiments.freshness.analysis import holm, null_check_passes, paired_summary, verdict
 from orchestra.experiments.harness import STILL_KL, Sections, Tables, cell, pval
@@ -69,6 +70,13 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
         c["success_stale"] - c["success_branch"],
         c["success_fresh"] - c["success_branch"],
     )
+    # d moves in steps of one task, so many pairs tie: the counts, and a sign test over the untied pairs (needs no
+    # normality of d)
+    signs = np.sign([0.0 if abs(d) < 1e-12 else d for d in families["diff"]])
+    c["fresh_ahead"], c["stale_ahead"] = int(np.sum(signs > 0)), int(np.sum(signs < 0))
+    c["tied"] = len(ps) - c["fresh_ahead"] - c["stale_ahead"]
+    untied = c["fresh_ahead"] + c["stale_ahead"]
+    c["sign_p"] = float(binomtest(c["fresh_ahead"], untied).pvalue) if untied else math.nan
     for prefix, d in families.items():
         s = paired_summary(d)
         c.update({f"{prefix}_{k}": v for k, v in s.items()})
@@ -113,7 +121,8 @@ def summary_sections(
         *(
             [
                 f"**Interim: {len(rows)} of {cfg.pairs} pairs are in.** Every figure below reads those pairs; rerun "
-                "the command under Reproduce to continue.",
+                f"the command under Reproduce to continue. The test is planned at {cfg.pairs} pairs: a p read at an "
+                "interim look is not that test (looking again and again raises the chance of a p below 0.05 by luck).",
                 "",
             ]
             if len(rows) < cfg.pairs
@@ -167,6 +176,10 @@ def summary_sections(
         f"{100 * c['diff_mde']:.1f} points of held-out success: a true mean difference that large would be detected "
         f"with 80% power by {c['pairs']} pairs of this spread. Gains of the {last}'s own step, success after it − "
         f"success at the branch (means): stale {c['gain_stale']:+.4f}, fresh {c['gain_fresh']:+.4f}.",
+        "",
+        f"d moves in steps of one task (1/{cfg.eval_tasks}). Pairs with fresh ahead / stale ahead / tied: "
+        f"{c['fresh_ahead']} / {c['stale_ahead']} / {c['tied']}; the sign test over the untied pairs (scipy's "
+        f"binomtest, which needs no normality of d): p {pval(c['sign_p'])}.",
         "",
         *unposed,
     ]
