@@ -149,7 +149,8 @@ def _figures(pages: list[str]) -> set[str]:
 def _between(text: str, start: str, end: str) -> str:
     assert start in text, f"the anchor {start!r} is gone: update this test with the text it checks"
     tail = text[text.index(start) :]
-    return tail[: tail.find(end, len(start))] if end in tail[len(start) :] else tail
+    stop = tail.find(end, len(start))
+    return tail if stop < 0 else tail[:stop]
 
 
 _LLM_PAGES = ["docs/results/finetune.md", "docs/results/freshness-llm.md"]
