@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import orchestra.experiments.freshness.llm_run as llm_run
-from orchestra.experiments.freshness.analysis import paired_summary
+from orchestra.experiments.freshness.analysis import holm, paired_summary
 from orchestra.experiments.freshness.llm_analysis import analyse, summary_sections
 from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig, team_config, trainer_config
 from orchestra.experiments.freshness.llm_run import (
@@ -254,3 +254,34 @@ def test_cli_freshness_llm(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     # another config in the same directory is refused with the field named
     assert main([*args, "--eval-tasks", "3", "--out", str(tmp_path / "run"), "--quiet"]) == 2
     assert "eval_tasks" in capsys.readouterr().err
+
+
+def test_each_arm_is_read_against_the_branch_and_the_reuse_of_s_alone(cfg: LLMFreshnessConfig) -> None:
+    # the stale step leaves the team where it was; the fresh and null steps each cost about a task
+    loss = [1 / 60, 2 / 60, 1 / 60, 1 / 60, 0.0, 1 / 60, 2 / 60, 2 / 60]
+    rows = [
+        dict(
+            _row(p, -x, 0.0),
+            success_branch=0.5,
+            success_fresh=0.5 - x,
+            success_null_a=0.5 - x,
+            success_null_b=0.5 - x,
+            kl_fresh=2e-3 if p else 0.0,  # pair 0's fresh arm did not move
+        )
+        for p, x in enumerate(loss)
+    ]
+    c = analyse(rows)["result"][0]
+    assert c["step_stale_mean"] == 0.0 and math.isnan(c["step_stale_p"])  # no spread: no test
+    assert c["step_fresh_mean"] == pytest.approx(-np.mean(loss)) == c["step_null_a_mean"]
+    assert c["reuse_mean"] == pytest.approx(np.mean(loss)) and c["reuse_n"] == 8
+    ps = [c[f"step_{a}_p"] for a in ("fresh", "null_a", "null_b")]
+    assert [c[f"step_{a}_p_holm"] for a in ("fresh", "null_a", "null_b")] == pytest.approx(
+        holm([c["reuse_p"], *ps])[1:]
+    )
+    assert c["moved_n"] == 7 and c["moved_mean"] == pytest.approx(-np.mean(loss[1:]))
+    text = "\n".join(summary_sections(cfg, rows, {"result": [c]})["mechanism"])
+    assert f"| fresh (F) | 8 | {-np.mean(loss):+.4f} [" in text and "the mean of the two null arms" in text
+    assert "over the 7 pairs whose fresh arm moved" in text
+    off = [dict(r, success_null_a=math.nan, success_null_b=math.nan, null_diff=math.nan) for r in rows]
+    text_off = "\n".join(summary_sections(replace(cfg, null_check=False), off, analyse(off))["mechanism"])
+    assert "null (S1)" not in text_off and "the two null arms" not in text_off and "| fresh (F) | 8 |" in text_off

@@ -44,7 +44,10 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
     after each arm (means), fresh − stale and fresh − the first null arm (:func:`paired_summary`; ``*_p_holm``: Holm
     within each family, of one comparison), the stale gap and the realised steps (means; TR acted: the share of
     updates); the null difference over every pair whose null arms were played; ``all_*``: fresh − stale over every
-    pair, a pair that does not pose the question counted as 0 (its value by construction); ``unposed``: how many."""
+    pair, a pair that does not pose the question counted as 0 (its value by construction); ``unposed``: how many.
+    Secondary, for the mechanism: ``reuse_*``, stale − the mean of the two null arms (S reused against independent
+    batches, the same team state); ``step_<arm>_*``, each arm's success − success at the branch; ``moved_*``, fresh −
+    stale over the pairs whose fresh arm moved (descriptive: it selects on the fresh batch)."""
     rs = sorted(rows, key=lambda r: r["pair"])
     if not rs:
         return {"result": []}
@@ -55,6 +58,19 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
         "all": [r["diff"] if posed(r) else 0.0 for r in rs],
         "null": [r["null_diff"] for r in nulls],
         "indep": [r["success_fresh"] - r["success_null_a"] for r in ps if math.isfinite(r["null_diff"])],
+        # secondary, the mechanism: the reuse of S alone (stale against the mean of the two independent batches,
+        # the same team state), and each arm's own step against the branch
+        "reuse": [
+            r["success_stale"] - (r["success_null_a"] + r["success_null_b"]) / 2
+            for r in ps
+            if math.isfinite(r["null_diff"])
+        ],
+        **{
+            f"step_{arm}": [r[f"success_{arm}"] - r["success_branch"] for r in ps if math.isfinite(r[f"success_{arm}"])]
+            for arm in ARM_NAMES
+        },
+        # descriptive only (it conditions on what the fresh batch turned out to be): the pairs whose fresh arm moved
+        "moved": [r["diff"] for r in ps if r["kl_fresh"] >= STILL_KL],
     }
 
     def mean(key: str) -> float:
@@ -80,7 +96,11 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
     for prefix, d in families.items():
         s = paired_summary(d)
         c.update({f"{prefix}_{k}": v for k, v in s.items()})
+        c[f"{prefix}_n"] = len(d)
         c[f"{prefix}_p_holm"] = holm([s["p"]])[0]
+    mechanism = ["reuse", *(f"step_{arm}" for arm in ARM_NAMES)]  # one secondary family, Holm across it
+    for prefix, h in zip(mechanism, holm([c[f"{k}_p"] for k in mechanism]), strict=True):
+        c[f"{prefix}_p_holm"] = h
     keys = ["rows_changed", "adv_gap", "reward_stale", "reward_fresh", "upstream_kl", "upstream_steps"]
     keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
     c.update({k: mean(k) for k in keys})
@@ -215,6 +235,37 @@ def summary_sections(
             "",
         ]
     arms = [a for a in ARM_NAMES if cfg.null_check or not a.startswith("null")]
+    s["mechanism"] = [
+        "## Where the difference comes from (secondary)",
+        "",
+        f"Each arm's own step of the {last}, read against the team at the branch (success after it − success at the "
+        "branch, over the pairs that pose the question; Holm across the rows of this section, a secondary family). "
+        "The fresh and the null arms each step on a batch the upstream update was not fitted to; the stale arm alone "
+        "reuses that batch. If the stale arm's step differs from the others' while the fresh and null arms agree, "
+        "fresh − stale measures the reuse of S, not freshness.",
+        "",
+        "| arm | pairs | success after − at branch [95% CI] | p | Holm p |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {ARM_NAMES[a]} | {c[f'step_{a}_n']} | {_ci(c, f'step_{a}')} | {pval(c[f'step_{a}_p'])} | "
+            f"{pval(c[f'step_{a}_p_holm'])} |"
+            for a in arms
+        ],
+        "",
+        *(
+            [
+                "The reuse of S alone, stale − the mean of the two null arms (the same team state, S against "
+                f"independent batches; {c['reuse_n']} pairs): {_ci(c, 'reuse')}, p {pval(c['reuse_p'])}, Holm p "
+                f"{pval(c['reuse_p_holm'])}.",
+                "",
+            ]
+            if cfg.null_check
+            else []
+        ),
+        f"Descriptive only: fresh − stale over the {c['moved_n']} pairs whose fresh arm moved (this selects pairs on "
+        f"what F turned out to be, so it is no test): {_ci(c, 'moved')}.",
+        "",
+    ]
     s["gap"] = [
         f"## The stale gap ({last})",
         "",
@@ -246,7 +297,7 @@ def summary_sections(
         "of TeamTR's price (a batch per worker): `orchestra experiment llm` reads the schemes at equal episodes.",
         f"- **One upstream step, one downstream worker.** Only the {upstream} moved before the {last}'s update, by "
         "one naive step; the stale gap is as large as that one step makes it. The stale arm also reuses the batch "
-        "the upstream update was fitted to; the secondary comparison uses an independent one.",
+        "the upstream update was fitted to; the secondary comparisons take that reuse out or measure it alone.",
         f"- **Greedy play of {cfg.eval_tasks} fixed tasks.** Success is read on the same held-out tasks and "
         "episode seeds in every arm; a difference smaller than one task per pair is invisible, and another "
         "decoding or task set may read otherwise.",
