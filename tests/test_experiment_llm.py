@@ -555,6 +555,18 @@ def test_an_interim_report_reads_the_seeds_every_scheme_completed(smoke_dir: Pat
     summary = result.summary.read_text()
     assert "Every table below reads seed 0 only, the seed every scheme has completed" in summary
     assert "nothing about a training procedure can be inferred" in summary
+    assert "not the planned test" not in summary  # one seed: no verdict at all, so none to flag
+    # a later look, 2 of 3 seeds read: the banner and the findings say a verdict there is not the planned test
+    sec = summary_sections(replace(SMOKE, seeds=3), result.tables, None, missing=[("naive", 2, 4)], seeds_read=2)
+    assert "The verdicts are planned at 3 seeds: a verdict read at an interim look is not that test" in "\n".join(
+        sec["setting"]
+    )
+    assert "**An interim look at 2 of the 3 seeds: the verdicts below are not the planned test.**" in "\n".join(
+        sec["findings"]
+    )
+    assert "with 2 seeds, the seed-level p values" in "\n".join(sec["reading"])
+    final = "\n".join(line for lines in summary_sections(SMOKE, result.tables, None).values() for line in lines)
+    assert "planned test" not in final and "interim look" not in final
     for name in ("final", "vs_frozen", "mechanism", "curves", "headroom"):
         assert len(result.tables[name]) == len(_csv(smoke_dir / f"{name}.csv")) > 0, name
     assert [(r["accounting"], r["scheme"], r["success"]) for r in result.tables["final"]] == [

@@ -148,8 +148,9 @@ def _paired(title: str, table: Sequence[dict[str, Any]], cfg: LLMExperimentConfi
     return lines
 
 
-def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) -> list[str]:
-    """Sentences the tables support, generated from them (nothing here is typed by hand)."""
+def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]], seeds: int) -> list[str]:
+    """Sentences the tables support, generated from them (nothing here is typed by hand); ``seeds``: how many seeds
+    the tables read."""
     lines = ["## What the numbers show, and what they do not", ""]
     verdict = acceptance(tables)
     frozen = next((r for r in tables["final"] if r["scheme"] == FROZEN), None)
@@ -273,7 +274,7 @@ def _reading(cfg: LLMExperimentConfig, tables: dict[str, list[dict[str, Any]]]) 
     lines += _freshness_control(cfg, tables)
     lines += [
         "- The task-level intervals hold the trained adapters fixed; with "
-        f"{cfg.seeds} seeds, the seed-level p values are the evidence about the training procedure, and they are "
+        f"{seeds} seeds, the seed-level p values are the evidence about the training procedure, and they are "
         "weak by construction. One team, one family, one model size and one trainer setting: nothing here says how "
         "the schemes compare elsewhere.",
         "",
@@ -379,7 +380,9 @@ def _interim(missing: Sequence[tuple[str, int, int]], seeds_read: int, seeds: in
             + (
                 ": one seed is one run, from which nothing about a training procedure can be inferred"
                 if seeds_read == 1
-                else ""
+                else ". The verdicts are planned at "
+                f"{seeds} seeds: a verdict read at an interim look is not that test (looking again and again raises "
+                "the chance of a p below 0.05 by luck)"
             )
         )
     else:
@@ -465,15 +468,20 @@ def summary_sections(
 ) -> Sections:
     """``summary.md`` as named sections: setting (marked interim when ``missing`` names evaluations not played
     yet; ``seeds_read``: the seeds its tables read, when fewer than ``cfg.seeds``), final, mechanism (what the trust region and the clip did), seeds (the verdicts over seeds), vs_frozen and pairwise (task level, descriptive), reading, files."""
+    read = cfg.seeds if seeds_read is None else seeds_read
     figures = ["![held-out success and training reward against sampled episodes](learning_curves.png)", ""]
     if tables.get("seed_verdicts"):
         figures += ["![teamtr − each scheme over seeds, 95% intervals; filled: the primary family](verdicts.png)", ""]
     return {
-        "setting": _setting(cfg, seconds)
-        + _interim(missing, cfg.seeds if seeds_read is None else seeds_read, cfg.seeds),
+        "setting": _setting(cfg, seconds) + _interim(missing, read, cfg.seeds),
         "findings": findings_section(
             findings(cfg, tables),
-            "Generated from the tables below. A run is the unit: the declared primary family (teamtr − naive, "
+            (
+                f"**An interim look at {read} of the {cfg.seeds} seeds: the verdicts below are not the planned test.** "
+                if 1 < read < cfg.seeds
+                else ""
+            )
+            + "Generated from the tables below. A run is the unit: the declared primary family (teamtr − naive, "
             "teamtr − stale_indep) is Holm-corrected; secondary comparisons appear only where they came out "
             "different, uncorrected.",
         )
@@ -490,7 +498,7 @@ def summary_sections(
         ),
         "vs_frozen": _paired("Against the frozen team", tables["vs_frozen"], cfg, FROZEN),
         "pairwise": _paired("Between schemes", tables["pairwise"], cfg, None),
-        "reading": _reading(cfg, tables),
+        "reading": _reading(cfg, tables, read),
         "files": [
             "Files (in the benchmark's `--out` directory): `evals.csv` (one row per evaluation and task), `final.csv`, `vs_frozen.csv`, `pairwise.csv`, "
             "`seed_verdicts.csv`, `null_check.csv`, `seed_iqm.csv`, "
