@@ -38,6 +38,9 @@ K = TypeVar("K")  # a cell's key in the rows file
 # the LLM team), a step with signal by about δ (1e-3)
 STILL_KL = 1e-8
 
+# why a p read before an experiment's planned size is not its test: every report that shows an interim look says so
+INTERIM_LOOKS = "looking again and again raises the chance of a p below 0.05 by luck"
+
 # ----------------------------------------------------------------------------------------------------------------
 # the accountings
 

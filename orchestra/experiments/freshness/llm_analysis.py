@@ -20,7 +20,7 @@ import numpy as np
 from scipy.stats import binomtest
 
 from orchestra.experiments.freshness.analysis import holm, null_check_passes, paired_summary, verdict
-from orchestra.experiments.harness import STILL_KL, Sections, Tables, cell, pval
+from orchestra.experiments.harness import INTERIM_LOOKS, STILL_KL, Sections, Tables, cell, pval
 
 if TYPE_CHECKING:
     from orchestra.experiments.freshness.llm_config import LLMFreshnessConfig
@@ -82,10 +82,6 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
         c[key] = mean(key)
     for key in ("success_null_a", "success_null_b"):
         c[key] = float(np.mean([r[key] for r in nulls])) if nulls else math.nan
-    c["gain_stale"], c["gain_fresh"] = (
-        c["success_stale"] - c["success_branch"],
-        c["success_fresh"] - c["success_branch"],
-    )
     # d moves in steps of one task, so many pairs tie: the counts, and a sign test over the untied pairs (needs no
     # normality of d)
     signs = np.sign([0.0 if abs(d) < 1e-12 else d for d in families["diff"]])
@@ -97,10 +93,12 @@ def analyse(rows: Sequence[dict[str, Any]]) -> Tables:
         s = paired_summary(d)
         c.update({f"{prefix}_{k}": v for k, v in s.items()})
         c[f"{prefix}_n"] = len(d)
-        c[f"{prefix}_p_holm"] = holm([s["p"]])[0]
-    mechanism = ["reuse", *(f"step_{arm}" for arm in ARM_NAMES)]  # one secondary family, Holm across it
+    # Holm within each family: the mechanism's rows form one secondary family, every other comparison its own
+    mechanism = ["reuse", *(f"step_{arm}" for arm in ARM_NAMES)]
     for prefix, h in zip(mechanism, holm([c[f"{k}_p"] for k in mechanism]), strict=True):
         c[f"{prefix}_p_holm"] = h
+    for prefix in families.keys() - set(mechanism):
+        c[f"{prefix}_p_holm"] = c[f"{prefix}_p"]  # a family of one: Holm leaves its p as it is
     keys = ["rows_changed", "adv_gap", "reward_stale", "reward_fresh", "upstream_kl", "upstream_steps"]
     keys += ["upstream_acted", *(f"{k}_{arm}" for arm in ARM_NAMES for k in STEP_FIELDS)]
     c.update({k: mean(k) for k in keys})
@@ -142,7 +140,7 @@ def summary_sections(
             [
                 f"**Interim: {len(rows)} of {cfg.pairs} pairs are in.** Every figure below reads those pairs; rerun "
                 f"the command under Reproduce to continue. The test is planned at {cfg.pairs} pairs: a p read at an "
-                "interim look is not that test (looking again and again raises the chance of a p below 0.05 by luck).",
+                f"interim look is not that test ({INTERIM_LOOKS}).",
                 "",
             ]
             if len(rows) < cfg.pairs
@@ -194,8 +192,8 @@ def summary_sections(
         "",
         f"Success is a share of the {cfg.eval_tasks} held-out tasks. The MDE is "
         f"{100 * c['diff_mde']:.1f} points of held-out success: a true mean difference that large would be detected "
-        f"with 80% power by {c['pairs']} pairs of this spread. Gains of the {last}'s own step, success after it − "
-        f"success at the branch (means): stale {c['gain_stale']:+.4f}, fresh {c['gain_fresh']:+.4f}.",
+        f"with 80% power by {c['pairs']} pairs of this spread. Each arm's own step against the team at the branch: "
+        "under Where the difference comes from.",
         "",
         f"d moves in steps of one task (1/{cfg.eval_tasks}). Pairs with fresh ahead / stale ahead / tied: "
         f"{c['fresh_ahead']} / {c['stale_ahead']} / {c['tied']}; the sign test over the untied pairs (scipy's "

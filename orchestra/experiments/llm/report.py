@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestra.experiments.harness import FULL_VOLUME, STILL_KL, Sections, cell, pval
+from orchestra.experiments.harness import FULL_VOLUME, INTERIM_LOOKS, STILL_KL, Sections, cell, pval
 from orchestra.experiments.llm.analysis import ACCOUNTINGS, acceptance
 from orchestra.experiments.llm.config import FROZEN, LLMExperimentConfig
 from orchestra.experiments.verdicts import interval_rows, null_status, verdict_findings, verdict_section
@@ -381,8 +381,7 @@ def _interim(missing: Sequence[tuple[str, int, int]], seeds_read: int, seeds: in
                 ": one seed is one run, from which nothing about a training procedure can be inferred"
                 if seeds_read == 1
                 else ". The verdicts are planned at "
-                f"{seeds} seeds: a verdict read at an interim look is not that test (looking again and again raises "
-                "the chance of a p below 0.05 by luck)"
+                f"{seeds} seeds: a verdict read at an interim look is not that test ({INTERIM_LOOKS})"
             )
         )
     else:
